@@ -1,0 +1,61 @@
+"""Finding the CUDA toolkit an `nvcc` really belongs to (no torch import: setup.py uses this too)."""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def nvcc_toolkit_root(nvcc: str = "nvcc"):
+    """The toolkit folder `nvcc` runs from, wrapper scripts and symlinks seen through; None without nvcc.
+
+    nvcc's own dry run names its toolkit (`TOP=...`), which stays right when `nvcc` on PATH is a script that
+    execs another toolkit's compiler (the classic reason for a wrong CUDA_HOME).
+    """
+    path = shutil.which(nvcc)
+    if path is None:
+        return None
+    try:
+        dry_run = subprocess.run([path, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True,
+                                 text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"TOP=(\S+)", dry_run.stdout + dry_run.stderr)
+    if match:
+        return Path(match.group(1)).resolve()
+    return Path(path).resolve().parent.parent
+
+
+def nvcc_version(nvcc: str):
+    """`(major, minor)` from `nvcc --version`, or None when it cannot be run."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def default_cuda_home():
+    """CUDA_HOME if set, else the toolkit of the nvcc on PATH, else /usr/local/cuda if it exists."""
+    if os.environ.get("CUDA_HOME"):
+        return Path(os.environ["CUDA_HOME"])
+    root = nvcc_toolkit_root()
+    if root is not None:
+        return root
+    fallback = Path("/usr/local/cuda")
+    return fallback if (fallback / "bin" / "nvcc").exists() else None
+
+
+def cxx_flags():
+    return ["-O3"]
+
+
+def cuda_flags():
+    """nvcc flags shared by setup.py and the just-in-time build."""
+    flags = ["-O3", "--expt-relaxed-constexpr"]
+    if os.environ.get("SCALED_MASK_SOFTMAX_FAST_MATH") == "1":
+        flags.append("--use_fast_math")
+    if os.environ.get("SCALED_MASK_SOFTMAX_PTXAS_VERBOSE") == "1":
+        flags.append("-Xptxas=-v")
+    return flags

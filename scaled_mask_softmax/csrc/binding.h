@@ -1,0 +1,177 @@
+// Tensors -> params, shared by the CPU and CUDA bindings (the only code that sees at::Tensor).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
+#include <string_view>
+#include <vector>
+
+#include "params.h"
+
+namespace sms {
+
+enum class MaskKind { kNone, kBool, kSameAsX, kComputeType };
+
+// The mask as the kernels read it: bool, x's dtype, or x's compute type (float, double for double),
+// with a contiguous last dim, expanded (stride 0, never materialised) to x's shape.
+struct PreparedMask {
+  MaskKind kind = MaskKind::kNone;
+  at::Tensor expanded;
+};
+
+inline PreparedMask prepare_mask(const std::optional<at::Tensor>& mask, const at::Tensor& x) {
+  if (!mask.has_value()) return {};
+  at::Tensor m = *mask;
+  TORCH_CHECK(m.device() == x.device(), "mask must be on x's device (", x.device(), "), got ", m.device());
+  TORCH_CHECK(m.dtype() == at::kBool || at::isFloatingType(m.scalar_type()),
+              "mask must be bool or floating, got ", m.scalar_type());
+  TORCH_CHECK(m.dim() <= x.dim(), "mask of shape ", m.sizes(), " does not broadcast to x of shape ", x.sizes());
+  MaskKind kind = MaskKind::kBool;
+  if (m.dtype() == x.dtype()) {
+    kind = MaskKind::kSameAsX;
+  } else if (m.dtype() != at::kBool) {
+    // Converting on the mask's own (broadcast) shape keeps a float bias exact under a half-precision x.
+    const auto compute_type = at::toOpMathType(x.scalar_type());
+    kind = compute_type == x.scalar_type() ? MaskKind::kSameAsX : MaskKind::kComputeType;
+    m = m.to(compute_type);
+  }
+  const int64_t cols = x.size(-1);
+  if (m.dim() > 0 && m.size(-1) == 1 && cols > 1) {
+    std::vector<int64_t> keyed(m.sizes().begin(), m.sizes().end());
+    keyed.back() = cols;
+    m = m.expand(keyed);
+  }
+  if (m.dim() > 0 && m.size(-1) > 1 && m.stride(-1) != 1) m = m.contiguous();
+  return {kind, m.expand(x.sizes())};
+}
+
+// The outer dims shared by `operands` (each of x's shape), size-1 dims dropped and neighbours merged where
+// every operand allows; false when more than kMaxOuterDims remain.
+inline bool collapse_rows(const std::vector<at::Tensor>& operands, RowShape& shape,
+                          std::vector<RowStrides>& strides) {
+  const auto sizes = operands.front().sizes();
+  strides.assign(operands.size(), RowStrides{});
+  shape.dims = 0;
+  for (int64_t d = 0; d + 1 < static_cast<int64_t>(sizes.size()); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = shape.dims > 0;
+    for (size_t k = 0; merge && k < operands.size(); ++k) {
+      merge = strides[k].stride[shape.dims - 1] == operands[k].stride(d) * sizes[d];
+    }
+    if (merge) {
+      shape.size[shape.dims - 1] *= sizes[d];
+    } else {
+      if (shape.dims == kMaxOuterDims) return false;
+      shape.size[shape.dims++] = sizes[d];
+    }
+    for (size_t k = 0; k < operands.size(); ++k) strides[k].stride[shape.dims - 1] = operands[k].stride(d);
+  }
+  return true;
+}
+
+// Operands whose last dim is strided get a contiguous copy; the kernels read every row as contiguous.
+inline at::Tensor with_contiguous_rows(const at::Tensor& t) {
+  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+inline void check_x(const at::Tensor& x, bool is_causal, std::string_view causal_variant) {
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "x must be float16, bfloat16, float32 or float64, got ",
+              x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dim, got a 0-d tensor");
+  TORCH_CHECK(!is_causal || x.dim() >= 2, "is_causal needs x with at least 2 dims [..., Sq, Sk], got shape ",
+              x.sizes());
+  TORCH_CHECK(causal_variant == "upper_left" || causal_variant == "lower_right",
+              "causal_variant must be 'upper_left' or 'lower_right', got '", causal_variant, "'");
+}
+
+// Fills `p` for x (and the returned tensors, which must outlive the launch) and allocates y.
+struct ForwardOperands {
+  at::Tensor x, mask, y;
+  MaskKind mask_kind;
+};
+
+inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::optional<at::Tensor>& mask_in,
+                                           double scale, bool is_causal, std::string_view causal_variant,
+                                           ForwardParams& p) {
+  check_x(x_in, is_causal, causal_variant);
+  at::Tensor x = with_contiguous_rows(x_in);
+  PreparedMask mask = prepare_mask(mask_in, x);
+  std::vector<at::Tensor> operands{x};
+  if (mask.kind != MaskKind::kNone) operands.push_back(mask.expanded);
+  std::vector<RowStrides> strides;
+  if (!collapse_rows(operands, p.shape, strides)) {
+    // Only reachable with more than six non-mergeable outer dims: copy into a layout that merges.
+    for (auto& t : operands) t = t.contiguous();
+    x = operands[0];
+    if (mask.kind != MaskKind::kNone) mask.expanded = operands[1];
+    collapse_rows(operands, p.shape, strides);
+  }
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  p.x = x.data_ptr();
+  p.mask = mask.kind == MaskKind::kNone ? nullptr : mask.expanded.data_ptr();
+  p.y = y.data_ptr();
+  p.cols = x.size(-1);
+  p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
+  p.x_strides = strides[0];
+  p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
+  p.queries = x.dim() >= 2 ? x.size(-2) : 1;
+  p.is_causal = is_causal;
+  p.causal_offset = causal_variant == "lower_right" ? x.size(-1) - p.queries : 0;
+  p.scale = scale;
+  return {x, mask.expanded, y, mask.kind};
+}
+
+struct BackwardOperands {
+  at::Tensor y, dy, dx;
+};
+
+inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::Tensor& dy_in, double scale,
+                                             BackwardParams& p) {
+  TORCH_CHECK(at::isFloatingType(y_in.scalar_type()), "y must be floating, got ", y_in.scalar_type());
+  TORCH_CHECK(dy_in.sizes() == y_in.sizes(), "dy must have y's shape ", y_in.sizes(), ", got ", dy_in.sizes());
+  TORCH_CHECK(dy_in.device() == y_in.device(), "dy must be on y's device (", y_in.device(), "), got ",
+              dy_in.device());
+  TORCH_CHECK(y_in.dim() >= 1, "y must have at least 1 dim, got a 0-d tensor");
+  at::Tensor y = with_contiguous_rows(y_in);
+  at::Tensor dy = with_contiguous_rows(dy_in.to(y.scalar_type()));
+  std::vector<at::Tensor> operands{y, dy};
+  std::vector<RowStrides> strides;
+  if (!collapse_rows(operands, p.shape, strides)) {
+    y = y.contiguous();
+    dy = dy.contiguous();
+    operands = {y, dy};
+    collapse_rows(operands, p.shape, strides);
+  }
+  at::Tensor dx = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
+  p.y = y.data_ptr();
+  p.dy = dy.data_ptr();
+  p.dx = dx.data_ptr();
+  p.cols = y.size(-1);
+  p.rows = p.cols == 0 ? 0 : y.numel() / p.cols;
+  p.y_strides = strides[0];
+  p.dy_strides = strides[1];
+  p.scale = scale;
+  return {y, dy, dx};
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls body(TypeTag<mask_t>{}) for the mask type the kernels read.
+template <typename scalar_t, typename Body>
+void dispatch_mask(MaskKind kind, Body&& body) {
+  using compute_t = at::opmath_type<scalar_t>;
+  switch (kind) {
+    case MaskKind::kNone: return body(TypeTag<NoMask>{});
+    case MaskKind::kBool: return body(TypeTag<bool>{});
+    case MaskKind::kSameAsX: return body(TypeTag<scalar_t>{});
+    case MaskKind::kComputeType:
+      if constexpr (!std::is_same_v<compute_t, scalar_t>) return body(TypeTag<compute_t>{});
+  }
+  TORCH_CHECK(false, "internal error: unexpected mask kind");
+}
+
+}  // namespace sms

@@ -1,0 +1,52 @@
+// The backward pass on CUDA: tensors -> params, dtype dispatch, the ladder by row length.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../binding.h"
+#include "alignment.h"
+#include "backward.cuh"
+
+namespace sms {
+namespace {
+
+template <typename scalar_t, int VEC>
+void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RowPlan plan = plan_rows(p.cols, VEC, 2 * VEC * sizeof(acc_t) / 4);
+  if (!plan.in_registers) {
+    backward_two_pass<scalar_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
+    return;
+  }
+  with_iters(plan.iters, [&](auto iters) {
+    backward_in_registers<scalar_t, VEC, decltype(iters)::value>
+        <<<blocks_for(p.rows, plan.threads / plan.width), plan.threads, 0, stream>>>(p, plan.width);
+  });
+}
+
+at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale) {
+  const c10::cuda::CUDAGuard device_guard(y.device());
+  BackwardParams p;
+  BackwardOperands operands = make_backward_params(y, dy, scale, p);
+  if (p.rows == 0) return operands.dx;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward", [&] {
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool aligned = p.cols % kVec == 0 &&
+                         rows_aligned(p.y, p.y_strides, p.shape, kVec, sizeof(scalar_t)) &&
+                         rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
+    if (aligned) {
+      backward_ladder<scalar_t, kVec>(p, stream);
+    } else {
+      backward_ladder<scalar_t, 1>(p, stream);
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return operands.dx;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(scaled_mask_softmax, CUDA, m) { m.impl("backward", &backward_cuda); }
+
+}  // namespace sms

@@ -1,0 +1,65 @@
+// The forward pass on CUDA: tensors -> params, dtype and mask dispatch, the ladder by row length.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../binding.h"
+#include "alignment.h"
+#include "forward.cuh"
+
+namespace sms {
+namespace {
+
+template <typename scalar_t, typename mask_t, int VEC>
+void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RowPlan plan = plan_rows(p.cols, VEC, VEC * sizeof(acc_t) / 4);
+  if (!plan.in_registers) {
+    forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
+    return;
+  }
+  with_iters(plan.iters, [&](auto iters) {
+    forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value>
+        <<<blocks_for(p.rows, plan.threads / plan.width), plan.threads, 0, stream>>>(p, plan.width);
+  });
+}
+
+template <typename scalar_t, typename mask_t>
+void launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  // 16-byte vectors when every row of x, mask and y starts aligned; element by element otherwise.
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  int mask_bytes = 1;
+  if constexpr (!std::is_same_v<mask_t, NoMask>) mask_bytes = sizeof(mask_t);
+  const bool aligned = p.cols % kVec == 0 &&
+                       rows_aligned(p.x, p.x_strides, p.shape, kVec, sizeof(scalar_t)) &&
+                       rows_aligned(p.y, contiguous_row_strides(p.shape, p.cols), p.shape, kVec, sizeof(scalar_t)) &&
+                       (p.mask == nullptr || rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes));
+  if (aligned) {
+    forward_ladder<scalar_t, mask_t, kVec>(p, stream);
+  } else {
+    forward_ladder<scalar_t, mask_t, 1>(p, stream);
+  }
+}
+
+at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale, bool is_causal,
+                        c10::string_view causal_variant) {
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  ForwardParams p;
+  ForwardOperands operands = make_forward_params(
+      x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
+  if (p.rows == 0) return operands.y;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
+    dispatch_mask<scalar_t>(operands.mask_kind, [&](auto mask_tag) {
+      launch_forward<scalar_t, typename decltype(mask_tag)::type>(p, stream);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return operands.y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(scaled_mask_softmax, CUDA, m) { m.impl("forward", &forward_cuda); }
+
+}  // namespace sms

@@ -1,0 +1,109 @@
+// The forward engine: y = softmax(scale * x + mask) over each row, scale, mask and causal limit applied as the
+// row is loaded, accumulated in fp32 (fp64 for fp64).
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include "../params.h"
+#include "launch.h"
+#include "load_store.cuh"
+#include "reduce.cuh"
+
+namespace sms {
+
+template <typename T>
+__device__ __forceinline__ T exp_of(T v);
+// ex2.approx (2 ulp) after one multiply: the score precision is what limits fp32 accuracy, not this.
+template <>
+__device__ __forceinline__ float exp_of(float v) { return __expf(v); }
+template <>
+__device__ __forceinline__ double exp_of(double v) { return exp(v); }
+
+// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
+// elements each; two reductions (max, sum), one read of x and mask, one write of y.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+__global__ void __launch_bounds__(max_threads_for(ITERS * VEC * sizeof(at::opmath_type<scalar_t>) / 4))
+    forward_in_registers(const ForwardParams p, const int width) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+  __shared__ acc_t shared[kWarp];
+  const int rows_per_block = blockDim.x / width;
+  const int lane = threadIdx.x % width;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width; row < p.rows;
+       row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const ScoreLoader<scalar_t, mask_t, acc_t> loader(p, row);
+    acc_t s[ITERS][VEC];
+    acc_t local_max = kMasked;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      loader.template load<VEC>((static_cast<int64_t>(i) * width + lane) * VEC, s[i]);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+    }
+    const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, width, shared);
+    // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
+    const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
+    acc_t local_sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        s[i][v] = exp_of(s[i][v] - shift);
+        local_sum += s[i][v];
+      }
+    }
+    const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
+    const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
+      store_vector<VEC>(y, (static_cast<int64_t>(i) * width + lane) * VEC, p.cols, s[i]);
+    }
+  }
+}
+
+// Rows of any length: one block per row. Pass 1 keeps a running max and a sum of exponentials rescaled to it;
+// pass 2 reads the row again (mostly from L2) and writes y.
+template <typename scalar_t, typename mask_t, int VEC>
+__global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const ForwardParams p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+  __shared__ acc_t shared[kWarp];
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const ScoreLoader<scalar_t, mask_t, acc_t> loader(p, row);
+    acc_t local_max = kMasked;
+    acc_t local_sum = 0;
+    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < loader.visible_end; col += step) {
+      acc_t s[VEC];
+      loader.template load<VEC>(col, s);
+      acc_t vector_max = kMasked;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
+      if (vector_max == kMasked) continue;
+      if (vector_max > local_max) {
+        local_sum *= exp_of(local_max - vector_max);
+        local_max = vector_max;
+      }
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - local_max);
+    }
+    const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, blockDim.x, shared);
+    const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
+    local_sum = local_max == kMasked ? acc_t(0) : local_sum * exp_of(local_max - shift);
+    const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), blockDim.x, shared);
+    const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
+    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < p.cols; col += step) {
+      acc_t s[VEC];
+      loader.template load<VEC>(col, s);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
+      store_vector<VEC>(y, col, p.cols, s);
+    }
+  }
+}
+
+}  // namespace sms

@@ -1,0 +1,50 @@
+// Reductions over the threads that share a row: a group of up to 32 lanes of one warp, or a whole block.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace sms {
+
+// NaN wins, so a row holding NaN comes out NaN as in torch.softmax.
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return (a != a || a > b) ? a : b;
+  }
+};
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// The lanes of this thread's group of `width` (a power of two <= 32) within its warp.
+__device__ __forceinline__ unsigned group_lanes(int width) {
+  if (width == 32) return 0xffffffffu;
+  const int first = (threadIdx.x % 32) / width * width;
+  return ((1u << width) - 1u) << first;
+}
+
+// Every thread of the row's group gets the reduction of `value`. Groups wider than a warp are whole blocks,
+// which go through `shared` (32 slots) and must all call this together.
+template <typename T, typename Op>
+__device__ __forceinline__ T row_reduce(T value, Op op, T identity, int width, T* shared) {
+  const unsigned lanes = group_lanes(width < 32 ? width : 32);
+  for (int offset = (width < 32 ? width : 32) / 2; offset > 0; offset /= 2) {
+    value = op(value, __shfl_xor_sync(lanes, value, offset, 32));
+  }
+  if (width <= 32) return value;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  value = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : identity;
+  for (int offset = 16; offset > 0; offset /= 2) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset, 32));
+  // The slots are reused by the next reduction: nobody may overwrite them before everyone has read.
+  __syncthreads();
+  return value;
+}
+
+}  // namespace sms

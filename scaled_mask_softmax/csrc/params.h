@@ -1,0 +1,93 @@
+// What the kernels see: pointers, sizes and strides in plain structs, no torch headers.
+// Sizes and strides count elements, not bytes.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#define SMS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SMS_HOST_DEVICE inline
+#endif
+
+namespace sms {
+
+// Rows are addressed through the outer (non-softmax) dims of x, after dims of size 1 are dropped and
+// neighbours merged wherever every operand allows it; six is more than any real attention layout needs.
+constexpr int kMaxOuterDims = 6;
+
+struct RowShape {
+  int dims;
+  int64_t size[kMaxOuterDims];
+};
+
+// One operand's strides over RowShape; within a row every operand is contiguous.
+struct RowStrides {
+  int64_t stride[kMaxOuterDims];
+};
+
+// Where row `row` starts in two operands that share `shape`.
+SMS_HOST_DEVICE void row_starts(const RowShape& shape, int64_t row, const RowStrides& a, const RowStrides& b,
+                                int64_t& a_start, int64_t& b_start) {
+  a_start = 0;
+  b_start = 0;
+  for (int d = shape.dims - 1; d >= 0; --d) {
+    const int64_t index = row % shape.size[d];
+    row /= shape.size[d];
+    a_start += index * a.stride[d];
+    b_start += index * b.stride[d];
+  }
+}
+
+// y = softmax(x * scale + mask) over rows of `cols` elements; y is contiguous (row r starts at r * cols).
+struct ForwardParams {
+  const void* x;
+  const void* mask;  // nullptr when there is no mask; otherwise read through mask_strides (0 = broadcast)
+  void* y;
+  int64_t rows;
+  int64_t cols;
+  RowShape shape;
+  RowStrides x_strides;
+  RowStrides mask_strides;
+  // Row r holds query r % queries; with is_causal, key j is visible to query i iff j <= i + causal_offset.
+  int64_t queries;
+  bool is_causal;
+  int64_t causal_offset;
+  double scale;
+};
+
+// dx = scale * y * (dy - sum(dy * y)) over rows of `cols` elements; dx is contiguous.
+struct BackwardParams {
+  const void* y;
+  const void* dy;
+  void* dx;
+  int64_t rows;
+  int64_t cols;
+  RowShape shape;
+  RowStrides y_strides;
+  RowStrides dy_strides;
+  double scale;
+};
+
+// One past the last key that row `row` may see: the keys [0, visible_end) take part in its softmax.
+SMS_HOST_DEVICE int64_t visible_end(const ForwardParams& p, int64_t row) {
+  if (!p.is_causal) return p.cols;
+  const int64_t end = row % p.queries + p.causal_offset + 1;
+  return end < 0 ? 0 : (end > p.cols ? p.cols : end);
+}
+
+// The mask types a kernel is instantiated for: none, bool (true = attend) or a floating type added as is.
+struct NoMask {};
+
+template <typename acc_t, typename mask_t>
+SMS_HOST_DEVICE acc_t additive_mask(mask_t value) {
+  if constexpr (std::is_same_v<mask_t, bool>) {
+    return value ? acc_t(0) : -std::numeric_limits<acc_t>::infinity();
+  } else {
+    return static_cast<acc_t>(value);
+  }
+}
+
+}  // namespace sms

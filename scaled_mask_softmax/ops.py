@@ -1,0 +1,117 @@
+"""The public operator: argument checks, the torch.ops call, fake kernels and autograd."""
+import math
+import numbers
+
+import torch
+
+from . import _build
+
+CAUSAL_VARIANTS = ("upper_left", "lower_right")
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_arguments(x, mask, scale, is_causal, causal_variant):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in X_DTYPES:
+        raise TypeError(f"x must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dim (softmax runs over the last), got a 0-d tensor")
+    _check_options(scale, is_causal, causal_variant)
+    if is_causal and x.dim() < 2:
+        raise ValueError(f"is_causal=True needs x with at least 2 dims [..., Sq, Sk], got shape {tuple(x.shape)}")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be None or a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"mask must be bool (True = attend) or floating (added to the scores), got {mask.dtype}")
+    if mask.device != x.device:
+        raise ValueError(f"mask must be on x's device ({x.device}), got {mask.device}")
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, x.shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != x.shape:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x.shape)}")
+
+
+def _check_options(scale, is_causal, causal_variant):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if causal_variant not in CAUSAL_VARIANTS:
+        raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
+
+
+def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant="upper_left"):
+    """`softmax(x * scale + mask)` over the last dim, in one fused kernel.
+
+    x: `[..., Sq, Sk]` float16, bfloat16, float32 or float64, any strides.
+    mask: None; bool (True = attend, as in F.scaled_dot_product_attention); or floating, added to the scores
+        (-inf masks). It must broadcast to x and is read through its strides, never expanded in memory.
+    scale: multiplies x before the mask is added; scores are formed in fp32 (fp64 for fp64).
+    is_causal: query i cannot see key j > i ("upper_left") or j > i + Sk - Sq ("lower_right", for a KV cache).
+    A row with every position masked comes out as zeros (with zero gradient), never NaN.
+    """
+    _check_arguments(x, mask, scale, is_causal, causal_variant)
+    if x.is_cuda:
+        _build.ensure_cuda_kernels()
+    return torch.ops.scaled_mask_softmax.forward(x, mask, float(scale), is_causal, causal_variant)
+
+
+class ScaledMaskSoftmax(torch.nn.Module):
+    """`scaled_mask_softmax` as a layer: `ScaledMaskSoftmax(scale, is_causal)(x, mask)`."""
+
+    def __init__(self, scale=1.0, is_causal=False, causal_variant="upper_left"):
+        super().__init__()
+        _check_options(scale, is_causal, causal_variant)
+        self.scale = float(scale)
+        self.is_causal = is_causal
+        self.causal_variant = causal_variant
+
+    def forward(self, x, mask=None):
+        return scaled_mask_softmax(x, mask, self.scale, self.is_causal, self.causal_variant)
+
+    def extra_repr(self):
+        return f"scale={self.scale}, is_causal={self.is_causal}, causal_variant={self.causal_variant!r}"
+
+
+@torch.library.register_fake("scaled_mask_softmax::forward")
+def _forward_fake(x, mask, scale, is_causal, causal_variant):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("scaled_mask_softmax::backward")
+def _backward_fake(y, dy, scale):
+    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+
+def _setup_context(ctx, inputs, output):
+    _, mask, scale, _, _ = inputs
+    ctx.save_for_backward(output)
+    ctx.scale = scale
+    ctx.mask_shape = None if mask is None else mask.shape
+    ctx.mask_dtype = None if mask is None else mask.dtype
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    needs_x, needs_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dx = dmask = None
+    if needs_mask:
+        # d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
+        grad_scores = torch.ops.scaled_mask_softmax.backward(y, dy, 1.0)
+        accumulate = torch.float64 if ctx.mask_dtype == torch.float64 else torch.float32
+        dmask = grad_scores.to(accumulate).sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
+        if needs_x:
+            dx = grad_scores * ctx.scale
+    elif needs_x:
+        dx = torch.ops.scaled_mask_softmax.backward(y, dy, ctx.scale)
+    return dx, dmask, None, None, None
+
+
+torch.library.register_autograd("scaled_mask_softmax::forward", _backward, setup_context=_setup_context)

@@ -1,0 +1,58 @@
+"""Builds the CPU kernels always, and the CUDA kernels where torch is a CUDA build and nvcc is found.
+
+Environment: TORCH_CUDA_ARCH_LIST (default with no GPU visible: 8.0;9.0+PTX), CUDA_HOME,
+SCALED_MASK_SOFTMAX_CPU_ONLY=1 (skip CUDA), SCALED_MASK_SOFTMAX_FAST_MATH=1 (nvcc --use_fast_math),
+SCALED_MASK_SOFTMAX_PTXAS_VERBOSE=1 (print each kernel's registers, shared memory and spills).
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).parent
+PACKAGE = "scaled_mask_softmax"
+CSRC = Path(PACKAGE) / "csrc"
+
+
+def load_toolkit_module():
+    spec = importlib.util.spec_from_file_location("_toolkit", ROOT / PACKAGE / "_toolkit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toolkit = load_toolkit_module()
+# torch reads CUDA_HOME when cpp_extension is imported, so it is settled first.
+cuda_home = toolkit.default_cuda_home()
+if cuda_home is not None:
+    os.environ["CUDA_HOME"] = str(cuda_home)
+
+import torch  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
+
+
+def want_cuda():
+    if os.environ.get("SCALED_MASK_SOFTMAX_CPU_ONLY") == "1":
+        return False
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / "scaled_mask_softmax.cpp")],
+                                         extra_compile_args={"cxx": toolkit.cxx_flags()})]
+if want_cuda():
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+    print(f"scaled_mask_softmax: building the CUDA kernels with {cpp_extension.CUDA_HOME}/bin/nvcc for "
+          f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '(the visible GPUs)')}")
+    extensions.append(cpp_extension.CUDAExtension(
+        f"{PACKAGE}._C_cuda",
+        [str(CSRC / "cuda" / name) for name in ("module.cpp", "forward.cu", "backward.cu")],
+        extra_compile_args={"cxx": toolkit.cxx_flags(), "nvcc": toolkit.cuda_flags()}))
+else:
+    print("scaled_mask_softmax: building the CPU kernels only (no CUDA build of torch, or no nvcc found)")
+
+setup(
+    ext_modules=extensions,
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+)
