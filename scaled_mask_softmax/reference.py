@@ -31,8 +31,9 @@ def scaled_mask_softmax_reference(x, mask=None, scale=1.0, is_causal=False, caus
     if is_causal:
         visible = causal_visible(x.shape[-2], x.shape[-1], causal_variant, x.device)
         scores = scores.masked_fill(~visible, float("-inf"))
+    # Softmax of an all -inf row is NaN (and so would its gradient be): such rows go through as zeros.
     fully_masked = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    y = torch.softmax(scores, dim=-1)
+    y = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=-1)
     return y.masked_fill(fully_masked, 0.0)
 
 

@@ -1,6 +1,7 @@
 // The backward pass on CUDA: tensors -> params, dtype dispatch, the ladder by row length.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../binding.h"
@@ -13,7 +14,7 @@ namespace {
 template <typename scalar_t, int VEC>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_rows(p.cols, VEC, 2 * VEC * sizeof(acc_t) / 4);
+  const RowPlan plan = plan_rows(p.cols, VEC, registers_per_vector<acc_t>(VEC, 2));
   if (!plan.in_registers) {
     backward_two_pass<scalar_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
     return;
@@ -29,7 +30,7 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
   BackwardParams p;
   BackwardOperands operands = make_backward_params(y, dy, scale, p);
   if (p.rows == 0) return operands.dx;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward", [&] {
     constexpr int kVec = 16 / sizeof(scalar_t);
     const bool aligned = p.cols % kVec == 0 &&

@@ -27,7 +27,7 @@ struct GradientRow {
 
 // Row in registers (y and dy both): `width` threads per row, ITERS vectors of VEC elements each.
 template <typename scalar_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(max_threads_for(2 * ITERS * VEC * sizeof(at::opmath_type<scalar_t>) / 4))
+__global__ void __launch_bounds__(max_threads_for(ITERS * registers_per_vector<at::opmath_type<scalar_t>>(VEC, 2)))
     backward_in_registers(const BackwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];

@@ -1,6 +1,7 @@
 // The forward pass on CUDA: tensors -> params, dtype and mask dispatch, the ladder by row length.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../binding.h"
@@ -13,7 +14,7 @@ namespace {
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_rows(p.cols, VEC, VEC * sizeof(acc_t) / 4);
+  const RowPlan plan = plan_rows(p.cols, VEC, registers_per_vector<acc_t>(VEC, 1));
   if (!plan.in_registers) {
     forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
     return;
@@ -48,7 +49,7 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   ForwardOperands operands = make_forward_params(
       x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.y;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
     dispatch_mask<scalar_t>(operands.mask_kind, [&](auto mask_tag) {
       launch_forward<scalar_t, typename decltype(mask_tag)::type>(p, stream);

@@ -22,7 +22,7 @@ __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 // Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(max_threads_for(ITERS * VEC * sizeof(at::opmath_type<scalar_t>) / 4))
+__global__ void __launch_bounds__(max_threads_for(ITERS * registers_per_vector<at::opmath_type<scalar_t>>(VEC, 1)))
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();

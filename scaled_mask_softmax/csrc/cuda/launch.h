@@ -14,10 +14,17 @@ constexpr int kShortRowThreads = 128;
 // Rows too long for registers: one block per row, large enough to keep many loads in flight.
 constexpr int kLongRowThreads = 1024;
 
-// Threads per block that still leave a thread `data_registers` for its part of the row plus about as many
-// for addresses and loop state, so that nothing spills (65,536 registers per multiprocessor).
+// Threads per block that still leave a thread `data_registers` for its part of the row plus room for addresses,
+// 64-bit row arithmetic and exp, so that nothing spills (65,536 registers per multiprocessor).
 constexpr int max_threads_for(int data_registers) {
-  return data_registers <= 16 ? 1024 : data_registers <= 32 ? 512 : data_registers <= 64 ? 256 : 128;
+  return data_registers <= 32 ? 512 : data_registers <= 64 ? 256 : 128;
+}
+
+// What one vector of VEC elements costs a thread that holds `operands` such vectors: fp64 values take two
+// registers, and fp64 exp and division need about as many again.
+template <typename acc_t>
+constexpr int registers_per_vector(int vec, int operands) {
+  return operands * vec * (sizeof(acc_t) == 8 ? 4 : 1);
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -1,0 +1,253 @@
+"""The operator's contract, on every device, against the float64 reference."""
+import pytest
+import torch
+
+import scaled_mask_softmax as sms
+from conftest import DEVICES, assert_close_to, random_scores, reference_forward_backward
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+# Row lengths and the CUDA branch each reaches (16-bit types read 8-element vectors, fp32 4, fp64 2; a row
+# length that is not a multiple of the vector is read element by element):
+#   1..256 vectors: a group of 1..32 lanes per row, up to 8 vectors per lane (many rows per warp);
+#   then one block per row with the row in registers, up to 16384 columns (4096 element by element);
+#   beyond: one block per row, two passes.
+ROW_LENGTHS = [1, 2, 3, 7, 8, 31, 33, 64, 100, 256, 257, 1000, 1024, 2048, 2056, 4096, 5001, 8200, 16384, 16392,
+               20000]
+
+
+def run(x, mask=None, scale=1.0, is_causal=False, causal_variant="upper_left", dy=None, check_mask_grad=False):
+    """Forward and backward through the operator, both compared with the float64 reference."""
+    x = x.detach().requires_grad_()
+    if check_mask_grad:
+        mask = mask.detach().requires_grad_()
+    y = sms.scaled_mask_softmax(x, mask, scale, is_causal, causal_variant)
+    dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1) if dy is None else dy
+    y.backward(dy)
+    y_ref, dx_ref, dmask_ref = reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    assert_close_to(y, y_ref, x.dtype)
+    gradient_scale = 4 * max(1.0, abs(scale))
+    assert_close_to(x.grad, dx_ref, x.dtype, scale=gradient_scale)
+    if check_mask_grad:
+        # Summed over broadcast dims: the error grows with the number of terms summed.
+        terms = x.numel() // mask.numel()
+        assert_close_to(mask.grad, dmask_ref, x.dtype, scale=gradient_scale * terms)
+    return y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+def test_row_lengths(device, dtype, cols):
+    rows = 3 if cols > 4096 else 5
+    run(random_scores((rows, cols), dtype, device), scale=0.7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [64, 37, 3000, 20000])
+@pytest.mark.parametrize("mask_form", ["keys", "query_keys", "padding", "padding_bool", "heads_bias", "full",
+                                       "full_bool", "expanded", "float32_bias", "key_column"])
+def test_mask_forms(device, dtype, cols, mask_form):
+    batch, heads, queries = 2, 3, 4
+    if cols == 20000:
+        batch, heads = 1, 2
+    x = random_scores((batch, heads, queries, cols), dtype, device)
+    generator = torch.Generator().manual_seed(2)
+
+    def additive(shape, mask_dtype=dtype):
+        values = torch.randn(shape, generator=generator, dtype=torch.float64)
+        values[torch.rand(shape, generator=generator) < 0.2] = float("-inf")
+        return values.to(mask_dtype).to(device)
+
+    def attend(shape):
+        return (torch.rand(shape, generator=generator) > 0.3).to(device)
+
+    mask = {
+        "keys": lambda: additive((cols,)),
+        "query_keys": lambda: additive((queries, cols)),
+        "padding": lambda: additive((batch, 1, 1, cols)),
+        "padding_bool": lambda: attend((batch, 1, 1, cols)),
+        "heads_bias": lambda: additive((1, heads, queries, cols)),
+        "full": lambda: additive((batch, heads, queries, cols)),
+        "full_bool": lambda: attend((batch, heads, queries, cols)),
+        "expanded": lambda: additive((batch, 1, queries, cols)).expand(batch, heads, queries, cols),
+        "float32_bias": lambda: additive((1, heads, queries, cols), torch.float32),
+        "key_column": lambda: additive((batch, heads, queries, 1)),
+    }[mask_form]()
+    run(x, mask, scale=0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
+@pytest.mark.parametrize("queries,cols", [(5, 5), (3, 8), (8, 3), (1, 1), (4, 1031), (6, 2048), (3, 17000)])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_causal(device, dtype, causal_variant, queries, cols, with_mask):
+    x = random_scores((2, queries, cols), dtype, device)
+    mask = None
+    if with_mask:
+        mask = torch.zeros(2, 1, cols, dtype=dtype)
+        mask[0, 0, cols // 2:] = float("-inf")
+        mask = mask.to(device)
+    run(x, mask, scale=1.3, is_causal=True, causal_variant=causal_variant)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("size", [128, 512, 1024])
+@pytest.mark.parametrize("variant", ["none", "mask", "causal", "causal_mask"])
+def test_article_matrix(device, dtype, size, variant):
+    """The article's matrix: no mask, additive 0/-inf mask, causal, causal plus mask; S = 128, 512, 1024."""
+    batch, heads = (2, 2) if device == "cpu" else (4, 8)
+    x = random_scores((batch, heads, size, size), dtype, device)
+    mask = None
+    if "mask" in variant:
+        generator = torch.Generator().manual_seed(3)
+        masked = torch.rand((batch, 1, size, size), generator=generator) < 0.25
+        mask = torch.zeros(masked.shape, dtype=dtype).masked_fill(masked, float("-inf")).to(device)
+    run(x, mask, scale=size ** -0.5, is_causal="causal" in variant)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [5, 64, 3000, 20000])
+def test_fully_masked_rows_give_zeros_and_zero_gradient(device, dtype, cols):
+    x = random_scores((4, cols), dtype, device)
+    bool_mask = torch.ones(4, cols, dtype=torch.bool)
+    bool_mask[1] = False
+    additive = torch.zeros(4, cols, dtype=dtype)
+    additive[2] = float("-inf")
+    for mask in (bool_mask.to(device), additive.to(device)):
+        y = run(x, mask)
+        masked_row = 1 if mask.dtype == torch.bool else 2
+        assert torch.equal(y[masked_row].float().cpu(), torch.zeros(cols))
+        assert not torch.isnan(y).any()
+    # lower_right with more queries than keys: the first Sq - Sk queries see nothing.
+    y = run(random_scores((2, 7, 3), dtype, device), is_causal=True, causal_variant="lower_right")
+    assert torch.equal(y[:, :4].float().cpu(), torch.zeros(2, 4, 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_finite_large_negative_mask_behaves_as_torch_softmax(device, dtype):
+    x = random_scores((3, 40), dtype, device)
+    mask = torch.zeros(3, 40, dtype=dtype)
+    mask[0] = torch.finfo(dtype).min
+    mask[1, :20] = torch.finfo(dtype).min
+    mask = mask.to(device)
+    expected = torch.softmax(x.float() + mask.float(), dim=-1)
+    assert_close_to(sms.scaled_mask_softmax(x, mask), expected, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1e-4, 30.0, -2.0, 0.0])
+def test_stable_for_large_scores_and_any_scale(device, dtype, scale):
+    x = random_scores((4, 300), dtype, device) * 100
+    run(x, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["transposed_heads", "sliced_keys", "strided_keys", "offset_view",
+                                    "expanded_batch", "rank6"])
+def test_non_contiguous_and_misaligned_input(device, dtype, layout):
+    base = random_scores((2, 6, 8, 130), dtype, device)
+    x = {
+        "transposed_heads": lambda: base.transpose(1, 2),                # outer dims permuted
+        "sliced_keys": lambda: base[..., :128],                          # rows strided, aligned
+        "strided_keys": lambda: base[..., ::2],                          # last dim strided
+        "offset_view": lambda: base[..., 1:129],                         # rows start misaligned
+        "expanded_batch": lambda: base[:1].expand(3, 6, 8, 130),         # stride-0 batch
+        "rank6": lambda: base.reshape(2, 3, 2, 2, 4, 130).transpose(1, 3),
+    }[layout]()
+    assert not x.is_contiguous()
+    before = x.clone()
+    mask = torch.zeros(x.shape[-1], dtype=dtype, device=device)
+    mask[-3:] = float("-inf")
+    run(x, mask, scale=0.9, is_causal=True)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_shape", [(9,), (3, 1, 1, 9), (1, 2, 5, 9), (3, 2, 5, 9)])
+def test_mask_gradients(device, mask_shape):
+    x = random_scores((3, 2, 5, 9), torch.float32, device)
+    bias = random_scores(mask_shape, torch.float32, device, generator_seed=4)
+    run(x, bias, scale=0.8, is_causal=True, check_mask_grad=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mask_gradient_without_x_gradient(device):
+    x = random_scores((2, 4, 6), torch.float32, device)
+    bias = random_scores((4, 6), torch.float32, device, generator_seed=5).requires_grad_()
+    sms.scaled_mask_softmax(x, bias, 2.0).sum().backward()
+    assert bias.grad is not None and bias.grad.shape == bias.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_mask_gets_no_gradient(device):
+    x = random_scores((2, 4, 6), torch.float32, device).requires_grad_()
+    mask = torch.ones(4, 6, dtype=torch.bool, device=device)
+    sms.scaled_mask_softmax(x, mask).sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
+def test_gradcheck_float64(device, causal_variant):
+    x = random_scores((2, 3, 4, 6), torch.float64, device).requires_grad_()
+    bias = random_scores((1, 3, 4, 6), torch.float64, device, generator_seed=6).requires_grad_()
+
+    def op(x, bias):
+        return sms.scaled_mask_softmax(x, bias, 0.6, True, causal_variant)
+
+    assert torch.autograd.gradcheck(op, (x, bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (2, 0, 4), (0,)])
+def test_empty_tensors(device, shape):
+    x = torch.empty(shape, device=device, requires_grad=True)
+    y = sms.scaled_mask_softmax(x, is_causal=len(shape) >= 2)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_matches_function(device):
+    layer = sms.ScaledMaskSoftmax(scale=0.25, is_causal=True, causal_variant="lower_right")
+    x = random_scores((2, 3, 5), torch.float32, device)
+    mask = torch.ones(5, dtype=torch.bool, device=device)
+    assert torch.equal(layer(x, mask), sms.scaled_mask_softmax(x, mask, 0.25, True, "lower_right"))
+    assert "lower_right" in repr(layer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_opcheck(device, with_mask):
+    x = random_scores((2, 3, 4, 40), torch.float32, device).requires_grad_()
+    mask = torch.zeros(2, 1, 1, 40, device=device) if with_mask else None
+    torch.library.opcheck(torch.ops.scaled_mask_softmax.forward.default, (x, mask, 0.5, True, "upper_left"))
+    y = torch.softmax(x.detach(), -1)
+    torch.library.opcheck(torch.ops.scaled_mask_softmax.backward.default, (y, torch.randn_like(y), 0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph_forward_and_backward(device):
+    torch._dynamo.reset()
+
+    def attention_scores(x, mask):
+        return sms.scaled_mask_softmax(x, mask, 0.5, is_causal=True) * 2
+
+    compiled = torch.compile(attention_scores, fullgraph=True)
+    x = random_scores((2, 2, 8, 8), torch.float32, device).requires_grad_()
+    mask = torch.zeros(8, device=device)
+    compiled(x, mask).sum().backward()
+    expected = x.grad.clone()
+    x.grad = None
+    attention_scores(x, mask).sum().backward()
+    torch.testing.assert_close(x.grad, expected)

@@ -1,0 +1,90 @@
+"""What only a GPU shows: streams, devices, CUDA graphs, very long rows, determinism."""
+import pytest
+import torch
+
+import scaled_mask_softmax as sms
+from conftest import assert_close_to, random_scores, reference_forward_backward
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cols", [65536, 262144, 262147])
+def test_very_long_rows(dtype, cols):
+    x = random_scores((2, cols), dtype, "cuda").requires_grad_()
+    mask = torch.zeros(cols, dtype=dtype, device="cuda")
+    mask[::7] = float("-inf")
+    y = sms.scaled_mask_softmax(x, mask, 0.3)
+    dy = random_scores((2, cols), dtype, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "upper_left", dy)
+    assert_close_to(y, y_ref, dtype)
+    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+
+
+def test_runs_on_the_current_stream():
+    x = random_scores((64, 1024), torch.float16, "cuda")
+    expected = sms.scaled_mask_softmax(x, is_causal=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            y = sms.scaled_mask_softmax(x, is_causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(y, expected)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_a_second_gpu():
+    x = random_scores((4, 8, 300), torch.float32, "cuda:1").requires_grad_()
+    mask = torch.zeros(300, device="cuda:1")
+    with torch.cuda.device(0):
+        y = sms.scaled_mask_softmax(x, mask, 0.5, True)
+        y.sum().backward()
+    assert y.device == torch.device("cuda:1")
+    y_ref, _, _ = reference_forward_backward(x, mask, 0.5, True, "upper_left", torch.ones_like(x))
+    assert_close_to(y, y_ref, torch.float32)
+
+
+def test_cuda_graph_capture_and_replay():
+    x = random_scores((8, 16, 128), torch.bfloat16, "cuda").requires_grad_()
+    mask = torch.zeros(16, 128, dtype=torch.bfloat16, device="cuda")
+    dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up outside the graph, as CUDA graph capture requires
+            x.grad = None
+            sms.scaled_mask_softmax(x, mask, 0.5, True).backward(dy)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        y = sms.scaled_mask_softmax(x, mask, 0.5, True)
+        y.backward(dy)
+    with torch.no_grad():
+        x.copy_(random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=3))
+    graph.replay()
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, True, "upper_left", dy)
+    assert_close_to(y, y_ref, torch.bfloat16)
+    assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+
+
+@pytest.mark.parametrize("cols", [100, 1024, 8192, 50000])
+def test_bitwise_deterministic(cols):
+    x = random_scores((256, cols), torch.bfloat16, "cuda")
+    dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=1)
+    first = sms.scaled_mask_softmax(x, is_causal=True)
+    first_dx = torch.ops.scaled_mask_softmax.backward(first, dy, 0.5)
+    for _ in range(3):
+        assert torch.equal(sms.scaled_mask_softmax(x, is_causal=True), first)
+        assert torch.equal(torch.ops.scaled_mask_softmax.backward(first, dy, 0.5), first_dx)
+
+
+def test_torch_compile_on_cuda_matches_eager():
+    torch._dynamo.reset()
+    x = random_scores((2, 4, 256, 256), torch.bfloat16, "cuda")
+    mask = torch.zeros(2, 1, 1, 256, dtype=torch.bool, device="cuda")
+    mask[..., :200] = True
+    compiled = torch.compile(lambda x, m: sms.scaled_mask_softmax(x, m, 0.125, True), fullgraph=True)
+    assert torch.equal(compiled(x, mask), sms.scaled_mask_softmax(x, mask, 0.125, True))

@@ -1,0 +1,53 @@
+"""Bad input gets an error that names the argument and says what was expected and what came."""
+import math
+
+import pytest
+import torch
+
+import scaled_mask_softmax as sms
+
+X = torch.randn(2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: sms.scaled_mask_softmax([1.0, 2.0]), TypeError, "x must be a torch.Tensor, got list"),
+    (lambda: sms.scaled_mask_softmax(torch.ones(3, 4, dtype=torch.int64)), TypeError,
+     "x must be float16, bfloat16, float32 or float64, got torch.int64"),
+    (lambda: sms.scaled_mask_softmax(torch.ones(3, dtype=torch.complex64)), TypeError, "got torch.complex64"),
+    (lambda: sms.scaled_mask_softmax(torch.tensor(1.0)), ValueError, "x must have at least 1 dim"),
+    (lambda: sms.scaled_mask_softmax(X, torch.ones(5, dtype=torch.int32)), TypeError,
+     "mask must be bool (True = attend) or floating (added to the scores), got torch.int32"),
+    (lambda: sms.scaled_mask_softmax(X, [0.0] * 5), TypeError, "mask must be None or a torch.Tensor, got list"),
+    (lambda: sms.scaled_mask_softmax(X, torch.zeros(2, 1, 1, 4)), ValueError,
+     "mask of shape (2, 1, 1, 4) does not broadcast to x of shape (2, 3, 4, 5)"),
+    (lambda: sms.scaled_mask_softmax(X, torch.zeros(1, 2, 3, 4, 5)), ValueError,
+     "mask of shape (1, 2, 3, 4, 5) does not broadcast to x of shape (2, 3, 4, 5)"),
+    (lambda: sms.scaled_mask_softmax(torch.randn(5), is_causal=True), ValueError,
+     "is_causal=True needs x with at least 2 dims [..., Sq, Sk], got shape (5,)"),
+    (lambda: sms.scaled_mask_softmax(X, is_causal=True, causal_variant="bottom_right"), ValueError,
+     "causal_variant must be 'upper_left' or 'lower_right', got 'bottom_right'"),
+    (lambda: sms.scaled_mask_softmax(X, scale=math.inf), ValueError, "scale must be finite, got inf"),
+    (lambda: sms.scaled_mask_softmax(X, scale=math.nan), ValueError, "scale must be finite, got nan"),
+    (lambda: sms.scaled_mask_softmax(X, scale="0.5"), TypeError, "scale must be a real number, got str"),
+    (lambda: sms.scaled_mask_softmax(X, is_causal=1), TypeError, "is_causal must be a bool, got int"),
+    (lambda: sms.ScaledMaskSoftmax(scale=float("inf")), ValueError, "scale must be finite, got inf"),
+    (lambda: sms.ScaledMaskSoftmax(causal_variant="lower"), ValueError, "causal_variant must be"),
+])
+def test_bad_input_names_the_argument(call, error, message):
+    with pytest.raises(error) as raised:
+        call()
+    assert message in str(raised.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mask_on_another_device():
+    with pytest.raises(ValueError, match=r"mask must be on x's device \(cuda:0\), got cpu"):
+        sms.scaled_mask_softmax(X.cuda(), torch.zeros(5))
+
+
+def test_direct_operator_calls_are_checked_too():
+    with pytest.raises(RuntimeError, match="causal_variant must be 'upper_left' or 'lower_right'"):
+        torch.ops.scaled_mask_softmax.forward(X, None, 1.0, True, "diagonal")
+    with pytest.raises(RuntimeError, match="dy must have y's shape"):
+        torch.ops.scaled_mask_softmax.backward(X, X[0], 1.0)
