@@ -5,6 +5,7 @@ SCALED_MASK_SOFTMAX_CPU_ONLY=1 (skip CUDA), SCALED_MASK_SOFTMAX_FAST_MATH=1 (nvc
 SCALED_MASK_SOFTMAX_PTXAS_VERBOSE=1 (print each kernel's registers, shared memory and spills).
 """
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -38,9 +39,32 @@ def want_cuda():
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def cuda_arch_list():
+    """TORCH_CUDA_ARCH_LIST, or when unset what torch targets: the visible GPUs, the newest also as PTX."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    return ";".join(f"{major}.{minor}" for major, minor in capabilities) + "+PTX"
+
+
+def write_build_info(with_cuda):
+    """Records how the kernels are built, for `python -m scaled_mask_softmax doctor`."""
+    nvcc_version = toolkit.nvcc_version(str(Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc")) if with_cuda else None
+    info = {
+        "cuda": with_cuda,
+        "cuda_home": cpp_extension.CUDA_HOME if with_cuda else None,
+        "nvcc_version": f"{nvcc_version[0]}.{nvcc_version[1]}" if nvcc_version else None,
+        "torch_cuda_arch_list": cuda_arch_list() if with_cuda else None,
+        "fast_math": with_cuda and "--use_fast_math" in toolkit.cuda_flags(),
+        "torch_version": torch.__version__,
+    }
+    (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
 extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / "scaled_mask_softmax.cpp")],
                                          extra_compile_args={"cxx": toolkit.cxx_flags()})]
-if want_cuda():
+with_cuda = want_cuda()
+if with_cuda:
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
     print(f"scaled_mask_softmax: building the CUDA kernels with {cpp_extension.CUDA_HOME}/bin/nvcc for "
@@ -51,6 +75,7 @@ if want_cuda():
         extra_compile_args={"cxx": toolkit.cxx_flags(), "nvcc": toolkit.cuda_flags()}))
 else:
     print("scaled_mask_softmax: building the CPU kernels only (no CUDA build of torch, or no nvcc found)")
+write_build_info(with_cuda)
 
 setup(
     ext_modules=extensions,

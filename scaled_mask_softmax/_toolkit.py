@@ -36,11 +36,19 @@ def nvcc_version(nvcc: str):
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def default_cuda_home():
+def nvcc_on_path(env=None):
+    """The `nvcc` that PATH in `env` (default: this process's environment) finds, or None."""
+    env = os.environ if env is None else env
+    return shutil.which("nvcc", path=env.get("PATH", os.defpath))
+
+
+def default_cuda_home(env=None):
     """CUDA_HOME if set, else the toolkit of the nvcc on PATH, else /usr/local/cuda if it exists."""
-    if os.environ.get("CUDA_HOME"):
-        return Path(os.environ["CUDA_HOME"])
-    root = nvcc_toolkit_root()
+    env = os.environ if env is None else env
+    if env.get("CUDA_HOME"):
+        return Path(env["CUDA_HOME"])
+    nvcc = nvcc_on_path(env)
+    root = nvcc_toolkit_root(nvcc) if nvcc is not None else None
     if root is not None:
         return root
     fallback = Path("/usr/local/cuda")
