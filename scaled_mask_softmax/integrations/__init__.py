@@ -1,0 +1,1 @@
+"""Hooks that route other libraries' attention through the fused operator."""
