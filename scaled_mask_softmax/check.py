@@ -1,0 +1,113 @@
+"""python -m scaled_mask_softmax check: the correctness matrix against the float64 reference.
+
+Every mask form, dtype and row length on every available device, forward and backward; exits 0 only if every
+row passes.
+"""
+import argparse
+
+import torch
+
+from .ops import scaled_mask_softmax
+from .reference import scaled_mask_softmax_reference
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MASKS = ("none", "additive", "causal", "causal+additive")
+ROW_LENGTHS = (128, 512, 1024)
+QUICK_ROW_LENGTHS = (128,)
+# Batch and heads per device: the CPU kernels and the float64 reference are slow on a few cores.
+MATRICES = {"cpu": (1, 2), "cuda": (2, 4)}
+# Attention's scale for a head dim of 64, with scores x of the matching spread (q.k over 64 dims).
+SCALE = 0.125
+X_SPREAD = 8.0
+MASKED_FRACTION = 0.1
+
+# Absolute tolerance of y, whose values lie in [0, 1]. Rounding y to fp16 / bf16 costs at most half an ulp of
+# the values just below 1 (2^-12 / 2^-9), so the tolerance is twice that, which is also the relative rounding
+# of any y. fp32 leaves room for exp and the row sum computed in fp32.
+FORWARD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2**-11, torch.bfloat16: 2**-8}
+# dx = scale * y * (dy - sum(dy * y)) is computed from the rounded y and rounded itself; each of the three
+# roundings moves dx by at most (relative rounding) * |scale| * max|dy| * (1 or 2), hence the factor 5.
+BACKWARD_ROUNDINGS = 5
+
+
+def backward_tolerance(dtype, scale, dy):
+    return BACKWARD_ROUNDINGS * FORWARD_TOLERANCE[dtype] * abs(scale) * dy.abs().max().item()
+
+
+def make_inputs(shape, dtype, mask_name, generator):
+    """x, the mask (None or additive 0 / -inf of x's shape and dtype), is_causal and dy; made on the CPU."""
+    x = (torch.randn(shape, generator=generator, dtype=torch.float64) * X_SPREAD).to(dtype)
+    dy = torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+    mask = None
+    if "additive" in mask_name:
+        masked = torch.rand(shape, generator=generator) < MASKED_FRACTION
+        # Key 0 stays visible so that no row is fully masked, even under the causal mask.
+        masked[..., 0] = False
+        mask = torch.zeros(shape, dtype=dtype).masked_fill(masked, float("-inf"))
+    return x, mask, "causal" in mask_name, dy
+
+
+def max_abs_error(ours, reference):
+    # NaN propagates through max, so a NaN anywhere fails the comparison.
+    return (ours.double() - reference).abs().max().item()
+
+
+def check_case(device, dtype, row_length, mask_name, generator):
+    """The forward and backward rows of one case: (pass, error, tolerance)."""
+    batch, heads = MATRICES[device]
+    shape = (batch, heads, row_length, row_length)
+    x, mask, is_causal, dy = make_inputs(shape, dtype, mask_name, generator)
+    x, dy = x.to(device), dy.to(device)
+    mask = None if mask is None else mask.to(device)
+
+    x_ours = x.clone().requires_grad_()
+    y = scaled_mask_softmax(x_ours, mask, SCALE, is_causal)
+    y.backward(dy)
+
+    x_reference = x.double().requires_grad_()
+    y_reference = scaled_mask_softmax_reference(x_reference, mask, SCALE, is_causal)
+    y_reference.backward(dy.double())
+
+    return [
+        ("fwd", max_abs_error(y.detach(), y_reference.detach()), FORWARD_TOLERANCE[dtype]),
+        ("bwd", max_abs_error(x_ours.grad, x_reference.grad), backward_tolerance(dtype, SCALE, dy)),
+    ]
+
+
+def available_devices():
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scaled_mask_softmax check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="one device (default: every available one)")
+    parser.add_argument("--quick", action="store_true", help=f"row length {QUICK_ROW_LENGTHS[0]} only")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("check: --device cuda was asked for, but torch sees no CUDA device")
+        return 2
+    devices = [args.device] if args.device else available_devices()
+    row_lengths = QUICK_ROW_LENGTHS if args.quick else ROW_LENGTHS
+
+    print(f"y = softmax(x * {SCALE} + mask) against the float64 reference; batch x heads per device: "
+          + ", ".join(f"{d} {'x'.join(map(str, MATRICES[d]))}" for d in devices))
+    header = (f"{'device':7} {'dtype':9} {'S':>5}  {'mask':16} {'pass':4} {'max abs error':>13} {'tolerance':>10}"
+              "  result")
+    print(header)
+    print("-" * len(header))
+    generator = torch.Generator().manual_seed(0)
+    passed = total = 0
+    for device in devices:
+        for dtype in DTYPES:
+            for row_length in row_lengths:
+                for mask_name in MASKS:
+                    for pass_name, error, tolerance in check_case(device, dtype, row_length, mask_name, generator):
+                        ok = error <= tolerance
+                        passed += ok
+                        total += 1
+                        print(f"{device:7} {str(dtype).removeprefix('torch.'):9} {row_length:5}  {mask_name:16} "
+                              f"{pass_name:4} {error:13.3e} {tolerance:10.3e}  {'PASS' if ok else 'FAIL'}",
+                              flush=True)
+    print(f"{passed}/{total} rows passed")
+    return 0 if passed == total else 1

@@ -1,0 +1,134 @@
+"""The check and bench commands on the CPU, and the byte floor, grid and row arithmetic behind bench."""
+import csv
+import json
+
+import pytest
+import torch
+
+from scaled_mask_softmax import bench, check
+
+
+def test_check_passes_on_cpu():
+    assert check.main(["--device", "cpu", "--quick"]) == 0
+
+
+def test_bench_writes_rows_on_cpu(tmp_path):
+    json_path, csv_path = tmp_path / "rows.json", tmp_path / "rows.csv"
+    # torch.compile is left out: compiling C++ for each cell takes tens of seconds on two cores.
+    status = bench.main(["--device", "cpu", "--grid", "1x2x8x16", "--variants", "none,causal,key_padding",
+                         "--no-compile", "--json", str(json_path), "--csv", str(csv_path)])
+    assert status == 0
+    rows = json.loads(json_path.read_text())
+    assert len(rows) == 3 * len(bench.PASSES)
+    expected = {"shape", "dtype", "variant", "pass", "ours_ms", "floor_ms", "compile_ms", "eager_ms", "softmax_ms",
+                "copy_GBps", "ours_GBps", "ours_over_floor", "speedup_vs_compile", "speedup_vs_eager",
+                "gpu", "torch", "version", "date"}
+    for row in rows:
+        assert expected <= row.keys()
+        assert row["shape"] == [1, 2, 8, 16] and row["dtype"] == "bfloat16"
+        assert row["floor_ms"] > 0 and row["ours_ms"] > 0 and row["eager_ms"] > 0
+        assert row["compile_ms"] is None
+        assert (row["softmax_ms"] is not None) == (row["variant"] == "none")
+    with open(csv_path) as file:
+        assert len(list(csv.DictReader(file))) == len(rows)
+
+
+def test_bench_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [bench.make_row((1, 2, 8, 16), "bfloat16", variant, pass_name,
+                           {"ours_ms": 2.0, "compile_ms": 3.0, "eager_ms": None}, 1000, 1000.0,
+                           bench.metadata(torch.device("cpu")))
+            for variant in ("none", "causal") for pass_name in bench.PASSES]
+    bench.plot(rows, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_visible_elements_causal():
+    # upper_left: query i sees min(Sk, i + 1) keys.
+    assert bench.visible_elements((1, 1, 4, 4), True) == 1 + 2 + 3 + 4
+    assert bench.visible_elements((2, 3, 4, 2), True) == 6 * (1 + 2 + 2 + 2)
+    assert bench.visible_elements((1, 1, 2, 5), True) == 1 + 2
+    assert bench.visible_elements((2, 3, 4, 5), False) == 120
+
+
+def test_necessary_bytes_causal():
+    shape, itemsize, visible, everything = (2, 3, 4, 4), 2, 6 * 10, 6 * 16
+    assert bench.necessary_bytes("fwd", shape, itemsize, True) == (visible + everything) * itemsize
+    assert bench.necessary_bytes("bwd", shape, itemsize, True) == (2 * visible + everything) * itemsize
+    assert bench.necessary_bytes("fwd+bwd", shape, itemsize, True) == (3 * visible + 2 * everything) * itemsize
+    # A full-shape mask under the causal mask is read only where visible.
+    assert (bench.necessary_bytes("fwd", shape, itemsize, True, mask_shape=shape, mask_itemsize=2)
+            == (2 * visible + everything) * itemsize)
+
+
+def test_necessary_bytes_broadcast_mask():
+    shape = (2, 3, 4, 8)
+    everything = 2 * 3 * 4 * 8 * 2
+    # A bool key padding mask [B, 1, 1, Sk] is read once per distinct element, one byte each.
+    assert bench.necessary_bytes("fwd", shape, 2, False, (2, 1, 1, 8), 1) == 2 * everything + 2 * 8
+    # A bias without the batch dim, given with fewer dims than x.
+    assert bench.necessary_bytes("fwd", shape, 2, False, (3, 4, 8), 4) == 2 * everything + 3 * 4 * 8 * 4
+    # Masks play no part in the backward.
+    assert bench.necessary_bytes("bwd", shape, 2, False, (2, 1, 1, 8), 1) == 3 * everything
+
+
+def test_parse_grid():
+    assert bench.parse_grid("quick") is bench.GRIDS["quick"]
+    assert bench.parse_grid("1x2x8x16,2x2x4x4") == (((1, 2, 8, 16), None), ((2, 2, 4, 4), None))
+    with pytest.raises(Exception, match="8x32x1024x1024"):
+        bench.parse_grid("1x2x8")
+
+
+def test_cells_carry_every_dtype_only_where_the_grid_says():
+    default = list(bench.cells(bench.GRIDS["default"]))
+    assert len(default) == (7 + 2) * len(bench.VARIANTS)
+    assert {shape for shape, dtype, _ in default if dtype == "float32"} == {(8, 32, 1024, 1024)}
+    assert [cell[:2] for cell in bench.cells(bench.GRIDS["default"], ("float16",), ("none",))] == \
+        [((8, 32, 1024, 1024), "float16")]
+    assert list(bench.cells(bench.parse_grid("1x1x4x4"), ("float32",), ("bias",))) == \
+        [((1, 1, 4, 4), "float32", "bias")]
+
+
+def test_fit_shape_halves_batch_then_heads_never_the_row():
+    shape = (4, 2, 8, 16)
+    assert bench.fit_shape(shape, 2, 10**9) == shape
+    need = bench.X_SIZED_TENSORS_AT_PEAK * 2
+    assert bench.fit_shape(shape, 2, need * 2 * 2 * 8 * 16) == (2, 2, 8, 16)
+    assert bench.fit_shape(shape, 2, need * 1 * 1 * 8 * 16) == (1, 1, 8, 16)
+    assert bench.fit_shape(shape, 2, need * 16) == (1, 1, 1, 16)
+
+
+def test_inputs_of_each_variant():
+    generator = torch.Generator().manual_seed(0)
+    shape = (2, 3, 8, 16)
+    for variant in bench.VARIANTS:
+        x, mask, peer_mask, is_causal = bench.make_inputs(shape, torch.bfloat16, variant, "cpu", generator)
+        assert is_causal == (variant == "causal")
+        assert (x != 0).all()
+        if mask is None:
+            continue
+        expected_shape, expected_dtype = {"additive": (shape, torch.bfloat16),
+                                          "key_padding": ((2, 1, 1, 16), torch.bool),
+                                          "bias": ((1, 3, 8, 16), torch.bfloat16)}[variant]
+        assert mask.shape == expected_shape and mask.dtype == expected_dtype
+        # The eager composite adds its mask, so it always gets one in x's dtype.
+        assert peer_mask.dtype == torch.bfloat16
+        # No row is fully masked.
+        assert (peer_mask.expand(shape) != float("-inf")).any(-1).all()
+
+
+def test_row_ratios():
+    info = bench.metadata(torch.device("cpu"))
+    row = bench.make_row((1, 1, 4, 4), "float32", "none", "fwd", {"ours_ms": 2.0, "compile_ms": 3.0,
+                         "eager_ms": 8.0}, floor_bytes=1e6, copy_per_ms=1e6, info=info)
+    assert row["floor_ms"] == 1.0 and row["ours_over_floor"] == 2.0
+    assert row["speedup_vs_compile"] == 1.5 and row["speedup_vs_eager"] == 4.0
+    assert row["ours_GBps"] == pytest.approx(1e6 / 2.0 / 1e6) and row["copy_GBps"] == 1.0
+    assert row["softmax_ms"] is None and row["error"] is None
+
+
+def test_device_slug():
+    assert bench.device_slug("NVIDIA H200") == "h200"
+    assert bench.device_slug("NVIDIA H200 NVL") == "h200"
+    assert bench.device_slug("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
+    assert bench.device_slug("cpu (x86_64)") == "cpu"
