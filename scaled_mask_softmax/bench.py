@@ -134,7 +134,7 @@ def fit_shape(shape, itemsize, free_bytes):
 
 
 def make_inputs(shape, dtype, variant, device, generator):
-    """x (normal, never zeros), ours' mask, the mask as the eager composite adds it, and is_causal."""
+    """x (random normal, not zeros), ours' mask, the mask as the eager composite adds it, and is_causal."""
     batch, heads, rows, cols = shape
     x = torch.randn(shape, generator=generator, device=device, dtype=dtype)
     mask = None

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -12,6 +13,14 @@
 namespace sms {
 
 enum class MaskKind { kNone, kBool, kSameAsX, kComputeType };
+
+// "(2, 3, 4)": formatted with std::to_string, because streaming integers through iostreams from an extension
+// crashes where the compiler's libstdc++ differs from the one the process loaded (seen with torch 2.11 wheels).
+inline std::string shape_string(at::IntArrayRef sizes) {
+  std::string text = "(";
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
+  return text + (sizes.size() == 1 ? ",)" : ")");
+}
 
 // The mask as the kernels read it: bool, x's dtype, or x's compute type (float, double for double),
 // with a contiguous last dim, expanded (stride 0, never materialised) to x's shape.
@@ -26,7 +35,8 @@ inline PreparedMask prepare_mask(const std::optional<at::Tensor>& mask, const at
   TORCH_CHECK(m.device() == x.device(), "mask must be on x's device (", x.device(), "), got ", m.device());
   TORCH_CHECK(m.dtype() == at::kBool || at::isFloatingType(m.scalar_type()),
               "mask must be bool or floating, got ", m.scalar_type());
-  TORCH_CHECK(m.dim() <= x.dim(), "mask of shape ", m.sizes(), " does not broadcast to x of shape ", x.sizes());
+  TORCH_CHECK(m.dim() <= x.dim(), "mask of shape ", shape_string(m.sizes()), " does not broadcast to x of shape ",
+              shape_string(x.sizes()));
   MaskKind kind = MaskKind::kBool;
   if (m.dtype() == x.dtype()) {
     kind = MaskKind::kSameAsX;
@@ -80,7 +90,7 @@ inline void check_x(const at::Tensor& x, bool is_causal, std::string_view causal
               x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dim, got a 0-d tensor");
   TORCH_CHECK(!is_causal || x.dim() >= 2, "is_causal needs x with at least 2 dims [..., Sq, Sk], got shape ",
-              x.sizes());
+              shape_string(x.sizes()));
   TORCH_CHECK(causal_variant == "upper_left" || causal_variant == "lower_right",
               "causal_variant must be 'upper_left' or 'lower_right', got '", causal_variant, "'");
 }
@@ -129,7 +139,8 @@ struct BackwardOperands {
 inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::Tensor& dy_in, double scale,
                                              BackwardParams& p) {
   TORCH_CHECK(at::isFloatingType(y_in.scalar_type()), "y must be floating, got ", y_in.scalar_type());
-  TORCH_CHECK(dy_in.sizes() == y_in.sizes(), "dy must have y's shape ", y_in.sizes(), ", got ", dy_in.sizes());
+  TORCH_CHECK(dy_in.sizes() == y_in.sizes(), "dy must have y's shape ", shape_string(y_in.sizes()), ", got ",
+              shape_string(dy_in.sizes()));
   TORCH_CHECK(dy_in.device() == y_in.device(), "dy must be on y's device (", y_in.device(), "), got ",
               dy_in.device());
   TORCH_CHECK(y_in.dim() >= 1, "y must have at least 1 dim, got a 0-d tensor");

@@ -13,8 +13,7 @@ namespace {
 
 template <typename scalar_t, int VEC>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_rows(p.cols, VEC, registers_per_vector<acc_t>(VEC, 2));
+  const RowPlan plan = plan_rows(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
   if (!plan.in_registers) {
     backward_two_pass<scalar_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
     return;

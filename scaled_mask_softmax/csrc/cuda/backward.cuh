@@ -10,78 +10,105 @@
 
 namespace sms {
 
-template <typename scalar_t>
+// One row of y, dy and dx; y and dy are held as loaded (16-bit types stay packed, half the registers).
+template <typename scalar_t, int VEC>
 struct GradientRow {
+  using acc_t = at::opmath_type<scalar_t>;
+  struct Raw {
+    Vector<scalar_t, VEC> y, dy;
+  };
+
   const scalar_t* y;
   const scalar_t* dy;
   scalar_t* dx;
+  int64_t cols;
+  acc_t scale;
 
-  __device__ GradientRow(const BackwardParams& p, int64_t row) {
+  __device__ GradientRow(const BackwardParams& p, int64_t row) : cols(p.cols), scale(static_cast<acc_t>(p.scale)) {
     int64_t y_start, dy_start;
     row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
   }
+
+  __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
+    if (col < cols) {
+      raw.y = load_vector<VEC>(y, col);
+      raw.dy = load_vector<VEC>(dy, col);
+    }
+  }
+
+  __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
+    acc_t sum = 0;
+    if (col < cols) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) sum += static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+    }
+    return sum;
+  }
+
+  __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
+    if (col >= cols) return;
+    acc_t dx_values[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
+    }
+    store_vector<VEC>(dx, col, dx_values);
+  }
 };
 
-// Row in registers (y and dy both): `width` threads per row, ITERS vectors of VEC elements each.
+// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
+// elements of y and of dy each; one reduction, one read of y and dy, one write of dx.
 template <typename scalar_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(max_threads_for(ITERS * registers_per_vector<at::opmath_type<scalar_t>>(VEC, 2)))
+__global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2)))
     backward_in_registers(const BackwardParams p, const int width) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using Row = GradientRow<scalar_t, VEC>;
+  using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
-  const acc_t scale = static_cast<acc_t>(p.scale);
   const int rows_per_block = blockDim.x / width;
   const int lane = threadIdx.x % width;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width; row < p.rows;
        row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
-    const GradientRow<scalar_t> g(p, row);
-    acc_t y[ITERS][VEC], dy[ITERS][VEC];
+    const Row g(p, row);
+    typename Row::Raw raw[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) g.fetch((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
     acc_t local_dot = 0;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      const int64_t col = (static_cast<int64_t>(i) * width + lane) * VEC;
-      load_vector<VEC>(g.y, col, p.cols, acc_t(0), y[i]);
-      load_vector<VEC>(g.dy, col, p.cols, acc_t(0), dy[i]);
+    for (int i = 0; i < ITERS; ++i) local_dot += g.dot((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
+    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), width, shared);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) local_dot += y[i][v] * dy[i][v];
-    }
-    const acc_t dot = row_reduce(local_dot, SumOp(), acc_t(0), width, shared);
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) y[i][v] = scale * y[i][v] * (dy[i][v] - dot);
-      store_vector<VEC>(g.dx, (static_cast<int64_t>(i) * width + lane) * VEC, p.cols, y[i]);
-    }
+    for (int i = 0; i < ITERS; ++i) g.store_gradient((static_cast<int64_t>(i) * width + lane) * VEC, raw[i], row_dot);
   }
 }
 
-// Rows of any length: one block per row; pass 1 sums dy * y, pass 2 reads both again and writes dx.
+// Rows of any length: one block per row; pass 1 sums dy * y, pass 2 reads both again and writes dx; kUnroll
+// vectors per thread in flight.
 template <typename scalar_t, int VEC>
 __global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const BackwardParams p) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using Row = GradientRow<scalar_t, VEC>;
+  using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
-  const acc_t scale = static_cast<acc_t>(p.scale);
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const GradientRow<scalar_t> g(p, row);
+    const Row g(p, row);
     acc_t local_dot = 0;
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < p.cols; col += step) {
-      acc_t y[VEC], dy[VEC];
-      load_vector<VEC>(g.y, col, p.cols, acc_t(0), y);
-      load_vector<VEC>(g.dy, col, p.cols, acc_t(0), dy);
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) local_dot += y[v] * dy[v];
+      for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) local_dot += g.dot(base + u * step, raw[u]);
     }
-    const acc_t dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < p.cols; col += step) {
-      acc_t y[VEC], dy[VEC];
-      load_vector<VEC>(g.y, col, p.cols, acc_t(0), y);
-      load_vector<VEC>(g.dy, col, p.cols, acc_t(0), dy);
+    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) y[v] = scale * y[v] * (dy[v] - dot);
-      store_vector<VEC>(g.dx, col, p.cols, y);
+      for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) g.store_gradient(base + u * step, raw[u], row_dot);
     }
   }
 }

@@ -14,7 +14,7 @@ namespace {
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_rows(p.cols, VEC, registers_per_vector<acc_t>(VEC, 1));
+  const RowPlan plan = plan_rows(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers) {
     forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
     return;

@@ -22,21 +22,25 @@ __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 // Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(max_threads_for(ITERS * registers_per_vector<at::opmath_type<scalar_t>>(VEC, 1)))
+__global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1)))
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
+  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
   const int rows_per_block = blockDim.x / width;
   const int lane = threadIdx.x % width;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width; row < p.rows;
        row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
-    const ScoreLoader<scalar_t, mask_t, acc_t> loader(p, row);
+    const Loader loader(p, row);
+    typename Loader::Raw raw[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) loader.fetch((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
     acc_t s[ITERS][VEC];
     acc_t local_max = kMasked;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      loader.template load<VEC>((static_cast<int64_t>(i) * width + lane) * VEC, s[i]);
+      loader.scores((static_cast<int64_t>(i) * width + lane) * VEC, raw[i], s[i]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
     }
@@ -57,51 +61,67 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_per_vector<a
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
+      const int64_t col = (static_cast<int64_t>(i) * width + lane) * VEC;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
-      store_vector<VEC>(y, (static_cast<int64_t>(i) * width + lane) * VEC, p.cols, s[i]);
+      if (col < p.cols) store_vector<VEC>(y, col, s[i]);
     }
   }
 }
 
 // Rows of any length: one block per row. Pass 1 keeps a running max and a sum of exponentials rescaled to it;
-// pass 2 reads the row again (mostly from L2) and writes y.
+// pass 2 reads the row again (mostly from L2) and writes y. kUnroll vectors per thread are loaded before any is
+// used, to keep enough bytes in flight.
 template <typename scalar_t, typename mask_t, int VEC>
 __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const ForwardParams p) {
   using acc_t = at::opmath_type<scalar_t>;
+  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const ScoreLoader<scalar_t, mask_t, acc_t> loader(p, row);
+    const Loader loader(p, row);
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < loader.visible_end; col += step) {
-      acc_t s[VEC];
-      loader.template load<VEC>(col, s);
-      acc_t vector_max = kMasked;
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < loader.visible_end; base += kUnroll * step) {
+      typename Loader::Raw raw[kUnroll];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
-      if (vector_max == kMasked) continue;
-      if (vector_max > local_max) {
-        local_sum *= exp_of(local_max - vector_max);
-        local_max = vector_max;
+      for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
+      acc_t s[kUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        loader.scores(base + u * step, raw[u], s[u]);
+        acc_t vector_max = kMasked;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[u][v]);
+        if (vector_max > local_max) {
+          local_sum *= exp_of(local_max - vector_max);
+          local_max = vector_max;
+        }
+        // Shifting by 0 while everything so far is masked keeps a NaN score NaN instead of dropping it.
+        const acc_t shift = local_max == kMasked ? acc_t(0) : local_max;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[u][v] - shift);
       }
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - local_max);
     }
     const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, blockDim.x, shared);
     const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
-    local_sum = local_max == kMasked ? acc_t(0) : local_sum * exp_of(local_max - shift);
+    if (local_max != kMasked) local_sum *= exp_of(local_max - shift);
     const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), blockDim.x, shared);
     const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * VEC; col < p.cols; col += step) {
-      acc_t s[VEC];
-      loader.template load<VEC>(col, s);
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
+      typename Loader::Raw raw[kUnroll];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
-      store_vector<VEC>(y, col, p.cols, s);
+      for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc_t s[VEC];
+        loader.scores(base + u * step, raw[u], s);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
+        if (base + u * step < p.cols) store_vector<VEC>(y, base + u * step, s);
+      }
     }
   }
 }

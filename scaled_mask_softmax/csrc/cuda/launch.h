@@ -1,6 +1,7 @@
 // How rows are spread over threads: one ladder by row length, shared by the forward and backward passes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -11,8 +12,13 @@ constexpr int kWarp = 32;
 constexpr int kMaxIters = 8;
 // Blocks of the short-row tier: four warps, each split into groups of lanes, one group per row.
 constexpr int kShortRowThreads = 128;
-// Rows too long for registers: one block per row, large enough to keep many loads in flight.
-constexpr int kLongRowThreads = 1024;
+// Rows too long for registers: one block per row; 512 threads leave each room for kUnroll vectors of two operands.
+constexpr int kLongRowThreads = 512;
+// Vectors each thread of the two-pass kernels loads before using any.
+constexpr int kUnroll = 4;
+// Vectors each thread of the register kernels aims to hold: 64 bytes of bf16 in flight per thread, and the
+// per-row work (finding where the row starts, the reductions) shared by enough elements.
+constexpr int kTargetIters = 4;
 
 // Threads per block that still leave a thread `data_registers` for its part of the row plus room for addresses,
 // 64-bit row arithmetic and exp, so that nothing spills (65,536 registers per multiprocessor).
@@ -20,11 +26,11 @@ constexpr int max_threads_for(int data_registers) {
   return data_registers <= 32 ? 512 : data_registers <= 64 ? 256 : 128;
 }
 
-// What one vector of VEC elements costs a thread that holds `operands` such vectors: fp64 values take two
-// registers, and fp64 exp and division need about as many again.
-template <typename acc_t>
-constexpr int registers_per_vector(int vec, int operands) {
-  return operands * vec * (sizeof(acc_t) == 8 ? 4 : 1);
+// Registers one vector of VEC elements of type T costs a thread that holds `operands` such vectors; fp64 counts
+// double again, for the registers its exp and division take.
+template <typename T>
+constexpr int registers_for(int vec, int operands) {
+  return operands * vec * static_cast<int>(sizeof(T)) / 4 * (sizeof(T) == 8 ? 2 : 1);
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -46,16 +52,13 @@ struct RowPlan {
 inline RowPlan plan_rows(int64_t cols, int vec, int registers_per_vector) {
   const int64_t vectors = ceil_div(cols, vec);
   if (vectors <= kWarp * kMaxIters) {
-    // Short rows: a group of lanes per row, each lane at least one vector, so a warp may hold many rows.
-    const int width = next_power_of_two(vectors < kWarp ? vectors : kWarp);
+    // Short rows: a group of lanes per row, so that a warp may hold many rows.
+    const int width = next_power_of_two(std::min<int64_t>(ceil_div(vectors, kTargetIters), kWarp));
     return {true, next_power_of_two(ceil_div(vectors, width)), width, kShortRowThreads};
   }
-  for (int iters = 1; iters <= kMaxIters; iters *= 2) {
-    const int threads = max_threads_for(iters * registers_per_vector);
-    if (vectors <= static_cast<int64_t>(threads) * iters) {
-      const int used = static_cast<int>(ceil_div(ceil_div(vectors, iters), kWarp) * kWarp);
-      return {true, iters, used, used};
-    }
+  for (int iters = kTargetIters; iters <= kMaxIters; iters *= 2) {
+    const int threads = static_cast<int>(ceil_div(ceil_div(vectors, iters), kWarp) * kWarp);
+    if (threads <= max_threads_for(iters * registers_per_vector)) return {true, iters, threads, threads};
   }
   return {false, 1, kLongRowThreads, kLongRowThreads};
 }

@@ -1,9 +1,15 @@
-// Vector loads and stores with scalar tails; scale, mask and causal limit applied as a row is loaded.
+// Vector loads and stores; scale, mask and causal limit applied as a row is loaded.
+//
+// A row is read in whole vectors of VEC elements: the dispatch takes VEC > 1 only when the row length is a
+// multiple of VEC and every row starts aligned, so a vector lies wholly inside or wholly outside its row.
+// Loads are issued for all of a thread's vectors before any value is used (fetch, then convert), so that many
+// loads are in flight per thread instead of one.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <limits>
+#include <type_traits>
 
 #include "../params.h"
 
@@ -14,38 +20,29 @@ struct alignas(sizeof(T) * N) Vector {
   T element[N];
 };
 
-// Loads [col, col + VEC) of a row of `cols` as acc_t; a vector that crosses the end is read element by
-// element and padded with `fill`. `row` must be aligned to VEC elements.
-template <int VEC, typename acc_t, typename T>
-__device__ __forceinline__ void load_vector(const T* row, int64_t col, int64_t cols, acc_t fill, acc_t (&out)[VEC]) {
-  if (col + VEC <= cols) {
-    const Vector<T, VEC> v = *reinterpret_cast<const Vector<T, VEC>*>(row + col);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = static_cast<acc_t>(v.element[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = col + i < cols ? static_cast<acc_t>(row[col + i]) : fill;
-  }
+template <int VEC, typename T>
+__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, int64_t col) {
+  return *reinterpret_cast<const Vector<T, VEC>*>(row + col);
 }
 
 template <int VEC, typename acc_t, typename T>
-__device__ __forceinline__ void store_vector(T* row, int64_t col, int64_t cols, const acc_t (&in)[VEC]) {
-  if (col + VEC <= cols) {
-    Vector<T, VEC> v;
+__device__ __forceinline__ void store_vector(T* row, int64_t col, const acc_t (&values)[VEC]) {
+  Vector<T, VEC> v;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(in[i]);
-    *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      if (col + i < cols) row[col + i] = static_cast<T>(in[i]);
-    }
-  }
+  for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(values[i]);
+  *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
 }
 
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see.
-template <typename scalar_t, typename mask_t, typename acc_t>
+template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
 struct ScoreLoader {
+  static constexpr bool kHasMask = !std::is_same_v<mask_t, NoMask>;
+  // What one vector's loads bring: x, and the mask if there is one.
+  struct Raw {
+    Vector<scalar_t, VEC> x;
+    std::conditional_t<kHasMask, Vector<mask_t, VEC>, NoMask> mask;
+  };
+
   const scalar_t* x;
   const mask_t* mask;
   acc_t scale;
@@ -59,39 +56,26 @@ struct ScoreLoader {
     visible_end = sms::visible_end(p, row);
   }
 
-  template <int VEC>
-  __device__ __forceinline__ void load(int64_t col, acc_t (&s)[VEC]) const {
-    constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
-    if (col >= visible_end) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s[i] = kMasked;
-      return;
-    }
-    load_vector<VEC>(x, col, visible_end, acc_t(0), s);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) s[i] *= scale;
-    if constexpr (!std::is_same_v<mask_t, NoMask>) {
-      acc_t m[VEC];
-      load_mask<VEC>(col, m);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s[i] += m[i];
-    }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      if (col + i >= visible_end) s[i] = kMasked;
+  // Issues the loads of the vector at `col`; keys past the visible ones are never read.
+  __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
+    if (col < visible_end) {
+      raw.x = load_vector<VEC>(x, col);
+      if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
     }
   }
 
- private:
-  template <int VEC>
-  __device__ __forceinline__ void load_mask(int64_t col, acc_t (&m)[VEC]) const {
-    if (col + VEC <= visible_end) {
-      const Vector<mask_t, VEC> v = *reinterpret_cast<const Vector<mask_t, VEC>*>(mask + col);
+  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
+    constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) m[i] = additive_mask<acc_t>(v.element[i]);
-    } else {
+    for (int i = 0; i < VEC; ++i) {
+      s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
+      if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    }
+    if (col + VEC > visible_end) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) m[i] = col + i < visible_end ? additive_mask<acc_t>(mask[col + i]) : acc_t(0);
+      for (int i = 0; i < VEC; ++i) {
+        if (col + i >= visible_end) s[i] = kMasked;
+      }
     }
   }
 };

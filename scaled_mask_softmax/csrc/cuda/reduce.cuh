@@ -5,11 +5,12 @@
 
 namespace sms {
 
-// NaN wins, so a row holding NaN comes out NaN as in torch.softmax.
+// A NaN may lose here, but every score also passes through the sum of exponentials, which it turns to NaN:
+// a row holding NaN still comes out NaN, as in torch.softmax.
 struct MaxOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const {
-    return (a != a || a > b) ? a : b;
+    return fmax(a, b);
   }
 };
 
