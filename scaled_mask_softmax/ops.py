@@ -7,6 +7,9 @@ import torch
 from . import _build
 
 CAUSAL_VARIANTS = ("upper_left", "lower_right")
+# The overloads themselves: calling them skips the overload resolution of torch.ops.<name>.<op>(...).
+_forward_op = torch.ops.scaled_mask_softmax.forward.default
+_backward_op = torch.ops.scaled_mask_softmax.backward.default
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -28,12 +31,15 @@ def _check_arguments(x, mask, scale, is_causal, causal_variant):
         raise TypeError(f"mask must be bool (True = attend) or floating (added to the scores), got {mask.dtype}")
     if mask.device != x.device:
         raise ValueError(f"mask must be on x's device ({x.device}), got {mask.device}")
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, x.shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != x.shape:
+    if not _broadcasts_to(mask.shape, x.shape):
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x.shape)}")
+
+
+def _broadcasts_to(shape, target):
+    # Plain comparisons: torch.broadcast_shapes costs several times a whole small call.
+    if len(shape) > len(target):
+        return False
+    return all(size == 1 or size == target_size for size, target_size in zip(reversed(shape), reversed(target)))
 
 
 def _check_options(scale, is_causal, causal_variant):
@@ -60,7 +66,7 @@ def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant
     _check_arguments(x, mask, scale, is_causal, causal_variant)
     if x.is_cuda:
         _build.ensure_cuda_kernels()
-    return torch.ops.scaled_mask_softmax.forward(x, mask, float(scale), is_causal, causal_variant)
+    return _forward_op(x, mask, float(scale), is_causal, causal_variant)
 
 
 class ScaledMaskSoftmax(torch.nn.Module):
@@ -104,13 +110,13 @@ def _backward(ctx, dy):
     dx = dmask = None
     if needs_mask:
         # d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
-        grad_scores = torch.ops.scaled_mask_softmax.backward(y, dy, 1.0)
+        grad_scores = _backward_op(y, dy, 1.0)
         accumulate = torch.float64 if ctx.mask_dtype == torch.float64 else torch.float32
         dmask = grad_scores.to(accumulate).sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
         if needs_x:
             dx = grad_scores * ctx.scale
     elif needs_x:
-        dx = torch.ops.scaled_mask_softmax.backward(y, dy, ctx.scale)
+        dx = _backward_op(y, dy, ctx.scale)
     return dx, dmask, None, None, None
 
 

@@ -104,7 +104,8 @@ def test_inputs_of_each_variant():
     for variant in bench.VARIANTS:
         x, mask, peer_mask, is_causal = bench.make_inputs(shape, torch.bfloat16, variant, "cpu", generator)
         assert is_causal == (variant == "causal")
-        assert (x != 0).float().mean() > 0.99  # random normal values, not zeros
+        # Random normal values, not zeros (torch 2.11's CPU randn rounds about 1% of bf16 draws to 0).
+        assert (x != 0).float().mean() > 0.95 and x.float().std() > 0.5
         if mask is None:
             continue
         expected_shape, expected_dtype = {"additive": (shape, torch.bfloat16),
