@@ -1,0 +1,49 @@
+"""Runs every CUDA kernel variant once, forward and backward: for compute-sanitizer (scripts/sanitize.sh).
+
+Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
+loads (an odd row length), a group of lanes per row, a block per row in registers, and the two-pass kernels.
+Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
+"""
+import sys
+
+import torch
+
+import scaled_mask_softmax as sms
+from scaled_mask_softmax.reference import scaled_mask_softmax_reference
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000)
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def masks_for(dtype, rows, cols):
+    """One mask of each type the kernels read: none, bool, x's dtype, and fp32 (x's compute type)."""
+    attend = torch.rand(rows, cols, device="cuda") > 0.2
+    additive = torch.zeros(rows, cols, device="cuda").masked_fill(~attend, float("-inf"))
+    return {"none": None, "bool": attend, "same": additive.to(dtype), "float32": additive}
+
+
+def main() -> int:
+    failures = 0
+    for dtype in DTYPES:
+        for cols in ROW_LENGTHS:
+            rows = 3
+            x = torch.randn(2, rows, cols, device="cuda", dtype=dtype).requires_grad_()
+            for mask_name, mask in masks_for(dtype, rows, cols).items():
+                for is_causal in (False, True):
+                    x.grad = None
+                    y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal, "lower_right")
+                    y.backward(torch.ones_like(y))
+                    expected = scaled_mask_softmax_reference(x.detach().double(), mask, 0.5, is_causal,
+                                                             "lower_right")
+                    error = (y.double() - expected).abs().max().item()
+                    if not error <= TOLERANCE[dtype]:
+                        failures += 1
+                        print(f"FAIL {dtype} cols={cols} mask={mask_name} causal={is_causal}: error {error:.3g}")
+    torch.cuda.synchronize()
+    print(f"sanitizer cases: {failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
