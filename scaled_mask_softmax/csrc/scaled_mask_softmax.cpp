@@ -43,12 +43,13 @@ void forward_cpu(const ForwardParams& p) {
       }
       // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
       const acc_t shift = row_max == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : row_max;
-      acc_t sum = 0;
+      // Summed in double: a long row of fp32 terms added one by one would lose about sqrt(cols) ulps.
+      double sum = 0;
       for (int64_t col = 0; col < visible; ++col) {
         scores[col] = std::exp(scores[col] - shift);
         sum += scores[col];
       }
-      const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+      const acc_t inverse = sum == 0 ? acc_t(0) : static_cast<acc_t>(1 / sum);
       scalar_t* y_row = y + row * p.cols;
       for (int64_t col = 0; col < visible; ++col) y_row[col] = static_cast<scalar_t>(scores[col] * inverse);
       for (int64_t col = visible; col < p.cols; ++col) y_row[col] = scalar_t(0);
@@ -68,14 +69,15 @@ void backward_cpu(const BackwardParams& p) {
     for (int64_t row = begin; row < end; ++row) {
       int64_t y_start, dy_start;
       row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
-      acc_t dot = 0;
+      double dot = 0;
       for (int64_t col = 0; col < p.cols; ++col) {
-        dot += static_cast<acc_t>(y[y_start + col]) * static_cast<acc_t>(dy[dy_start + col]);
+        dot += static_cast<double>(y[y_start + col]) * static_cast<double>(dy[dy_start + col]);
       }
+      const acc_t row_dot = static_cast<acc_t>(dot);
       scalar_t* dx_row = dx + row * p.cols;
       for (int64_t col = 0; col < p.cols; ++col) {
         const acc_t y_value = static_cast<acc_t>(y[y_start + col]);
-        dx_row[col] = static_cast<scalar_t>(scale * y_value * (static_cast<acc_t>(dy[dy_start + col]) - dot));
+        dx_row[col] = static_cast<scalar_t>(scale * y_value * (static_cast<acc_t>(dy[dy_start + col]) - row_dot));
       }
     }
   });
