@@ -47,12 +47,13 @@ inline PreparedMask prepare_mask(const std::optional<at::Tensor>& mask, const at
     m = m.to(compute_type);
   }
   const int64_t cols = x.size(-1);
-  if (m.dim() > 0 && m.size(-1) == 1 && cols > 1) {
+  if (m.dim() == 0) m = m.reshape({1});
+  if (m.size(-1) == 1 && cols > 1) {
     std::vector<int64_t> keyed(m.sizes().begin(), m.sizes().end());
     keyed.back() = cols;
     m = m.expand(keyed);
   }
-  if (m.dim() > 0 && m.size(-1) > 1 && m.stride(-1) != 1) m = m.contiguous();
+  if (m.size(-1) > 1 && m.stride(-1) != 1) m = m.contiguous();
   return {kind, m.expand(x.sizes())};
 }
 

@@ -52,7 +52,9 @@ void forward_cpu(const ForwardParams& p) {
       const acc_t inverse = sum == 0 ? acc_t(0) : static_cast<acc_t>(1 / sum);
       scalar_t* y_row = y + row * p.cols;
       for (int64_t col = 0; col < visible; ++col) y_row[col] = static_cast<scalar_t>(scores[col] * inverse);
-      for (int64_t col = visible; col < p.cols; ++col) y_row[col] = scalar_t(0);
+      // 0 * inverse rather than 0: a row whose sum is NaN is NaN everywhere, as torch.softmax gives.
+      const scalar_t hidden = static_cast<scalar_t>(acc_t(0) * inverse);
+      for (int64_t col = visible; col < p.cols; ++col) y_row[col] = hidden;
     }
   });
 }
