@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every kernel variant (scripts/sanitizer_cases.py): memcheck, racecheck, initcheck and
 # synccheck, one line of error counts each. Run on a GPU machine after `pip install --no-build-isolation -e .`.
-# Logs go to $OUT (default sanitizer-logs).
+# The tools' full reports go to one log, $OUT/sanitizer.log (default OUT: sanitizer-logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-sanitizer-logs}"
@@ -9,10 +9,13 @@ mkdir -p "$OUT"
 # Each tensor gets its own allocation, so an access past its end is outside any allocation and is reported.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 status=0
+log="$OUT/sanitizer.log"
+: >"$log"
 for tool in memcheck racecheck initcheck synccheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 3 python3 scripts/sanitizer_cases.py >"$OUT/$tool.log" 2>&1
+  echo "=== $tool" >>"$log"
+  compute-sanitizer --tool "$tool" --error-exitcode 3 python3 scripts/sanitizer_cases.py >>"$log" 2>&1
   code=$?
-  echo "$tool: exit $code, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -n 1)"
+  echo "$tool: exit $code, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)"
   [ "$code" -eq 0 ] || status=1
 done
 exit $status

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one call: build in place, the whole test suite (GPU tests included), check,
+# doctor, compute-sanitizer and the benchmark. Pick stages as arguments (default: all but sanitize and bench):
+#   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz
+# Logs and results go to $OUT (default gpu-logs); the last line of each stage is printed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-logs}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" NCCL_NVLS_ENABLE=0
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(build tests check doctor)
+status=0
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    build) python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 ;;
+    tests) python3 -m pytest -q -s -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    fuzz) SCALED_MASK_SOFTMAX_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-2000}" \
+            python3 -m pytest -q -p no:cacheprovider tests/test_properties.py >"$OUT/fuzz.log" 2>&1 ;;
+    check) python3 -m scaled_mask_softmax check >"$OUT/check.log" 2>&1 ;;
+    doctor) python3 -m scaled_mask_softmax doctor >"$OUT/doctor.log" 2>&1 ;;
+    sanitize) OUT="$OUT" scripts/sanitize.sh >"$OUT/sanitize.log" 2>&1 ;;
+    bench) python3 benchmarks/bench.py --e2e >"$OUT/bench.log" 2>&1 && cp benchmarks/results/* "$OUT/" ;;
+    *) echo "unknown stage: $stage" >&2; exit 2 ;;
+  esac
+  code=$?
+  echo "$stage: exit $code | $(tail -n 1 "$OUT/$stage.log" 2>/dev/null)"
+  [ "$code" -eq 0 ] || status=1
+done
+exit $status
