@@ -1,0 +1,50 @@
+"""Lists the kernels that spill to local memory, from a build log made with SCALED_MASK_SOFTMAX_PTXAS_VERBOSE=1.
+
+    python scripts/spill_report.py .venv/build.log [--strict]
+
+With --strict the exit status is 1 when any kernel spills (or the log holds no resource report at all).
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+PROPERTIES = re.compile(r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                        r"(\d+) bytes spill loads")
+
+
+def demangle(names):
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
+        return out.splitlines()
+    except OSError:
+        return names
+
+
+def spilling_kernels(log_text):
+    """{kernel: (stack frame, spill stores, spill loads)} for every kernel that spills, one entry per name."""
+    found = {}
+    for name, frame, stores, loads in PROPERTIES.findall(log_text):
+        if int(stores) or int(loads):
+            found[name] = (int(frame), int(stores), int(loads))
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when any kernel spills")
+    args = parser.parse_args(argv)
+    text = open(args.log, errors="replace").read()
+    reported = len(PROPERTIES.findall(text))
+    spills = spilling_kernels(text)
+    print(f"ptxas resource report: {reported} kernel entries, {len(spills)} kernels spill")
+    for readable, (frame, stores, loads) in sorted(zip(demangle(list(spills)), spills.values())):
+        print(f"  {stores:4d} B stored, {loads:4d} B loaded, {frame:4d} B frame  {readable}")
+    if args.strict and (spills or not reported):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
