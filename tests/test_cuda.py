@@ -79,6 +79,13 @@ def test_bitwise_deterministic(cols):
     for _ in range(3):
         assert torch.equal(sms.scaled_mask_softmax(x, is_causal=True), first)
         assert torch.equal(torch.ops.scaled_mask_softmax.backward(first, dy, 0.5), first_dx)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        on_stream = sms.scaled_mask_softmax(x, is_causal=True)
+        on_stream_dx = torch.ops.scaled_mask_softmax.backward(first, dy, 0.5)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(on_stream, first) and torch.equal(on_stream_dx, first_dx)
 
 
 def test_torch_compile_on_cuda_matches_eager():
