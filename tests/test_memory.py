@@ -49,6 +49,13 @@ def forward_backward(x, mask, dy):
     torch.autograd.grad(y, inputs, dy)
 
 
+def repeated_call_inputs(device, dtype, mask_kind):
+    """x, the mask and dy of the many-calls tests: small, so that only a leak could add up."""
+    x = random_scores((2, 4, 16, 64), dtype, device).requires_grad_()
+    dy = random_scores(x.shape, dtype, device, generator_seed=1)
+    return x, make_mask(mask_kind, x.shape, device), dy
+
+
 def resident_bytes():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * resource.getpagesize()
@@ -58,9 +65,7 @@ def resident_bytes():
 @pytest.mark.parametrize("mask_kind", ["none", "learnable_bias"])
 def test_no_growth_over_many_calls_cpu(mask_kind):
     # 32 KiB per tensor: a leaked y or gradient per call would add about 100 MiB over the calls below.
-    x = random_scores((2, 4, 16, 64), torch.float32, "cpu").requires_grad_()
-    mask = make_mask(mask_kind, x.shape, "cpu")
-    dy = random_scores(x.shape, torch.float32, "cpu", generator_seed=1)
+    x, mask, dy = repeated_call_inputs("cpu", torch.float32, mask_kind)
     # The warm-up lets one-time state (dispatcher caches, allocator arenas) settle before measuring.
     for _ in range(200):
         forward_backward(x, mask, dy)
@@ -84,9 +89,7 @@ def test_no_growth_over_many_calls_cpu(mask_kind):
 @needs_cuda
 @pytest.mark.parametrize("mask_kind", ["none", "learnable_bias"])
 def test_no_growth_over_10000_calls_cuda(mask_kind):
-    x = random_scores((2, 4, 16, 64), torch.bfloat16, "cuda").requires_grad_()
-    mask = make_mask(mask_kind, x.shape, "cuda")
-    dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=1)
+    x, mask, dy = repeated_call_inputs("cuda", torch.bfloat16, mask_kind)
     for _ in range(10):
         forward_backward(x, mask, dy)
     torch.cuda.synchronize()
