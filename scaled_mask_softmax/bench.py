@@ -300,7 +300,7 @@ def implementations(pass_name, x, mask, peer_mask, is_causal, y, dy, compiled, c
         }
     if pass_name == "bwd":
         return {
-            "ours_ms": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE),
+            "ours_ms": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal),
             "compile_ms": lambda: compiled_backward(y, dy, SCALE),
             "eager_ms": lambda: torch._softmax_backward_data(dy, y, -1, dtype) * SCALE,
             "softmax_ms": lambda: torch._softmax_backward_data(dy, y, -1, dtype),

@@ -92,14 +92,15 @@ def _forward_fake(x, mask, scale, is_causal, causal_variant):
 
 
 @torch.library.register_fake("scaled_mask_softmax::backward")
-def _backward_fake(y, dy, scale):
+def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)
 
 
 def _setup_context(ctx, inputs, output):
-    _, mask, scale, _, _ = inputs
+    _, mask, scale, is_causal, causal_variant = inputs
     ctx.save_for_backward(output)
     ctx.scale = scale
+    ctx.causal = (is_causal, causal_variant)
     ctx.mask_shape = None if mask is None else mask.shape
     ctx.mask_dtype = None if mask is None else mask.dtype
 
@@ -110,13 +111,13 @@ def _backward(ctx, dy):
     dx = dmask = None
     if needs_mask:
         # d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
-        grad_scores = _backward_op(y, dy, 1.0)
+        grad_scores = _backward_op(y, dy, 1.0, *ctx.causal)
         accumulate = torch.float64 if ctx.mask_dtype == torch.float64 else torch.float32
         dmask = grad_scores.to(accumulate).sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
         if needs_x:
             dx = grad_scores * ctx.scale
     elif needs_x:
-        dx = _backward_op(y, dy, ctx.scale)
+        dx = _backward_op(y, dy, ctx.scale, *ctx.causal)
     return dx, dmask, None, None, None
 
 

@@ -86,14 +86,27 @@ inline at::Tensor with_contiguous_rows(const at::Tensor& t) {
   return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+inline void check_causal(const char* name, const at::Tensor& scores, bool is_causal,
+                         std::string_view causal_variant) {
+  TORCH_CHECK(!is_causal || scores.dim() >= 2, "is_causal needs ", name,
+              " with at least 2 dims [..., Sq, Sk], got shape ", shape_string(scores.sizes()));
+  TORCH_CHECK(causal_variant == "upper_left" || causal_variant == "lower_right",
+              "causal_variant must be 'upper_left' or 'lower_right', got '", causal_variant, "'");
+}
+
 inline void check_x(const at::Tensor& x, bool is_causal, std::string_view causal_variant) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "x must be float16, bfloat16, float32 or float64, got ",
               x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dim, got a 0-d tensor");
-  TORCH_CHECK(!is_causal || x.dim() >= 2, "is_causal needs x with at least 2 dims [..., Sq, Sk], got shape ",
-              shape_string(x.sizes()));
-  TORCH_CHECK(causal_variant == "upper_left" || causal_variant == "lower_right",
-              "causal_variant must be 'upper_left' or 'lower_right', got '", causal_variant, "'");
+  check_causal("x", x, is_causal, causal_variant);
+}
+
+// Row r holds query r % Sq; "lower_right" aligns the last query with the last key.
+template <typename Params>
+void set_causal_limit(const at::Tensor& scores, bool is_causal, std::string_view causal_variant, Params& p) {
+  p.queries = scores.dim() >= 2 ? scores.size(-2) : 1;
+  p.is_causal = is_causal;
+  p.causal_offset = causal_variant == "lower_right" ? scores.size(-1) - p.queries : 0;
 }
 
 // Fills `p` for x (and the returned tensors, which must outlive the launch) and allocates y.
@@ -126,9 +139,7 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
-  p.queries = x.dim() >= 2 ? x.size(-2) : 1;
-  p.is_causal = is_causal;
-  p.causal_offset = causal_variant == "lower_right" ? x.size(-1) - p.queries : 0;
+  set_causal_limit(x, is_causal, causal_variant, p);
   p.scale = scale;
   return {x, mask.expanded, y, mask.kind};
 }
@@ -138,8 +149,9 @@ struct BackwardOperands {
 };
 
 inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::Tensor& dy_in, double scale,
-                                             BackwardParams& p) {
+                                             bool is_causal, std::string_view causal_variant, BackwardParams& p) {
   TORCH_CHECK(at::isFloatingType(y_in.scalar_type()), "y must be floating, got ", y_in.scalar_type());
+  check_causal("y", y_in, is_causal, causal_variant);
   TORCH_CHECK(dy_in.sizes() == y_in.sizes(), "dy must have y's shape ", shape_string(y_in.sizes()), ", got ",
               shape_string(dy_in.sizes()));
   TORCH_CHECK(dy_in.device() == y_in.device(), "dy must be on y's device (", y_in.device(), "), got ",
@@ -163,6 +175,7 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
   p.rows = p.cols == 0 ? 0 : y.numel() / p.cols;
   p.y_strides = strides[0];
   p.dy_strides = strides[1];
+  set_causal_limit(y, is_causal, causal_variant, p);
   p.scale = scale;
   return {y, dy, dx};
 }

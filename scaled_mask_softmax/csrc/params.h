@@ -84,11 +84,16 @@ struct BackwardParams {
   RowShape shape;
   RowStrides y_strides;
   RowStrides dy_strides;
+  // As in ForwardParams: hidden keys are never read and get zero gradient.
+  int64_t queries;
+  bool is_causal;
+  int64_t causal_offset;
   double scale;
 };
 
 // One past the last key that row `row` may see: the keys [0, visible_end) take part in its softmax.
-SMS_HOST_DEVICE int64_t visible_end(const ForwardParams& p, int64_t row) {
+template <typename Params>
+SMS_HOST_DEVICE int64_t visible_end(const Params& p, int64_t row) {
   if (!p.is_causal) return p.cols;
   const int64_t end = remainder_of(row, p.queries) + p.causal_offset + 1;
   return end < 0 ? 0 : (end > p.cols ? p.cols : end);

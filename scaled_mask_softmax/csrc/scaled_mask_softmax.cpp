@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -71,16 +72,18 @@ void backward_cpu(const BackwardParams& p) {
     for (int64_t row = begin; row < end; ++row) {
       int64_t y_start, dy_start;
       row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
+      const int64_t visible = visible_end(p, row);
       double dot = 0;
-      for (int64_t col = 0; col < p.cols; ++col) {
+      for (int64_t col = 0; col < visible; ++col) {
         dot += static_cast<double>(y[y_start + col]) * static_cast<double>(dy[dy_start + col]);
       }
       const acc_t row_dot = static_cast<acc_t>(dot);
       scalar_t* dx_row = dx + row * p.cols;
-      for (int64_t col = 0; col < p.cols; ++col) {
+      for (int64_t col = 0; col < visible; ++col) {
         const acc_t y_value = static_cast<acc_t>(y[y_start + col]);
         dx_row[col] = static_cast<scalar_t>(scale * y_value * (static_cast<acc_t>(dy[dy_start + col]) - row_dot));
       }
+      std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));
     }
   });
 }
@@ -99,9 +102,11 @@ at::Tensor forward_cpu_op(const at::Tensor& x, const std::optional<at::Tensor>& 
   return operands.y;
 }
 
-at::Tensor backward_cpu_op(const at::Tensor& y, const at::Tensor& dy, double scale) {
+at::Tensor backward_cpu_op(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
+                           c10::string_view causal_variant) {
   BackwardParams p;
-  BackwardOperands operands = make_backward_params(y, dy, scale, p);
+  BackwardOperands operands = make_backward_params(
+      y, dy, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.dx;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward",
                                   [&] { backward_cpu<scalar_t>(p); });
@@ -112,7 +117,9 @@ at::Tensor backward_cpu_op(const at::Tensor& y, const at::Tensor& dy, double sca
 
 TORCH_LIBRARY(scaled_mask_softmax, m) {
   m.def("forward(Tensor x, Tensor? mask, float scale, bool is_causal, str causal_variant) -> Tensor");
-  m.def("backward(Tensor y, Tensor dy, float scale) -> Tensor");
+  // The backward of forward with the same scale and causal limit: hidden keys are not read, their gradient is 0.
+  m.def(
+      "backward(Tensor y, Tensor dy, float scale, bool is_causal=False, str causal_variant=\"upper_left\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(scaled_mask_softmax, CPU, m) {

@@ -24,10 +24,12 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   });
 }
 
-at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale) {
+at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
+                         c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(y.device());
   BackwardParams p;
-  BackwardOperands operands = make_backward_params(y, dy, scale, p);
+  BackwardOperands operands = make_backward_params(
+      y, dy, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.dx;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward", [&] {

@@ -22,9 +22,11 @@ struct GradientRow {
   const scalar_t* dy;
   scalar_t* dx;
   int64_t cols;
+  int64_t visible_end;
   acc_t scale;
 
-  __device__ GradientRow(const BackwardParams& p, int64_t row) : cols(p.cols), scale(static_cast<acc_t>(p.scale)) {
+  __device__ GradientRow(const BackwardParams& p, int64_t row)
+      : cols(p.cols), visible_end(sms::visible_end(p, row)), scale(static_cast<acc_t>(p.scale)) {
     int64_t y_start, dy_start;
     row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
@@ -32,28 +34,39 @@ struct GradientRow {
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
   }
 
+  // Keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
-    if (col < cols) {
+    if (col < visible_end) {
       raw.y = load_vector<VEC>(y, col);
       raw.dy = load_vector<VEC>(dy, col);
     }
   }
 
+  // How many of the vector's elements at `col` are visible: VEC for all but the one the limit cuts.
+  __device__ __forceinline__ int64_t visible_in(int64_t col) const { return visible_end - col; }
+
   __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
+    const int64_t visible = visible_in(col);
     acc_t sum = 0;
-    if (col < cols) {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) sum += static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+    for (int v = 0; v < VEC; ++v) {
+      if (visible >= VEC || v < visible) {
+        sum += static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+      }
     }
     return sum;
   }
 
+  // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
     if (col >= cols) return;
+    const int64_t visible = visible_in(col);
     acc_t dx_values[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
+      const acc_t y_value = static_cast<acc_t>(raw.y.element[v]);
+      const acc_t dy_value = static_cast<acc_t>(raw.dy.element[v]);
+      dx_values[v] = visible >= VEC || v < visible ? scale * y_value * (dy_value - row_dot) : acc_t(0);
     }
     store_vector<VEC>(dx, col, dx_values);
   }
@@ -95,7 +108,7 @@ __global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const Backw
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const Row g(p, row);
     acc_t local_dot = 0;
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < g.visible_end; base += kUnroll * step) {
       typename Row::Raw raw[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
