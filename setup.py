@@ -40,9 +40,12 @@ def want_cuda():
 
 
 def cuda_arch_list():
-    """TORCH_CUDA_ARCH_LIST, or when unset what torch targets: the visible GPUs, the newest also as PTX."""
+    """TORCH_CUDA_ARCH_LIST; when unset, what torch would target (the visible GPUs, the newest also as PTX), or
+    with no GPU visible Ampere and Hopper, plus PTX for newer GPUs."""
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if not torch.cuda.is_available():
+        return "8.0;9.0+PTX"
     capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
     return ";".join(f"{major}.{minor}" for major, minor in capabilities) + "+PTX"
 
@@ -65,10 +68,10 @@ extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / "scaled_ma
                                          extra_compile_args={"cxx": toolkit.cxx_flags()})]
 with_cuda = want_cuda()
 if with_cuda:
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
-        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+    # Set for torch's build too, so that what is built is what the build record says.
+    os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
     print(f"scaled_mask_softmax: building the CUDA kernels with {cpp_extension.CUDA_HOME}/bin/nvcc for "
-          f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '(the visible GPUs)')}")
+          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}")
     extensions.append(cpp_extension.CUDAExtension(
         f"{PACKAGE}._C_cuda",
         [str(CSRC / "cuda" / name) for name in ("module.cpp", "forward.cu", "backward.cu")],

@@ -102,6 +102,9 @@ SMS_HOST_DEVICE int64_t visible_end(const Params& p, int64_t row) {
 // The mask types a kernel is instantiated for: none, bool (true = attend) or a floating type added as is.
 struct NoMask {};
 
+template <typename mask_t>
+constexpr bool has_mask_v = !std::is_same_v<mask_t, NoMask>;
+
 template <typename acc_t, typename mask_t>
 SMS_HOST_DEVICE acc_t additive_mask(mask_t value) {
   if constexpr (std::is_same_v<mask_t, bool>) {

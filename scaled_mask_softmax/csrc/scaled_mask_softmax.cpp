@@ -38,7 +38,7 @@ void forward_cpu(const ForwardParams& p) {
       acc_t row_max = -std::numeric_limits<acc_t>::infinity();
       for (int64_t col = 0; col < visible; ++col) {
         acc_t s = static_cast<acc_t>(x[x_start + col]) * scale;
-        if constexpr (!std::is_same_v<mask_t, NoMask>) s += additive_mask<acc_t>(mask[mask_start + col]);
+        if constexpr (has_mask_v<mask_t>) s += additive_mask<acc_t>(mask[mask_start + col]);
         scores[col] = s;
         row_max = std::isnan(s) || s > row_max ? s : row_max;
       }

@@ -27,12 +27,4 @@ inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
   return strides;
 }
 
-// Grids stride over rows; this cap only guards the launch limit.
-constexpr int64_t kMaxBlocks = 1 << 30;
-
-inline unsigned blocks_for(int64_t rows, int rows_per_block) {
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
 }  // namespace sms

@@ -11,17 +11,25 @@
 namespace sms {
 namespace {
 
+// Rows beyond one block's registers: without a causal limit, a cluster of blocks holds the row in registers and
+// reads it once; with one, or beyond the cluster, two passes (a causal row leaves most of a cluster idle, and
+// measured slower that way: benchmarks/NOTES.md, v4).
 template <typename scalar_t, int VEC>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
-  const RowPlan plan = plan_rows(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
-  if (!plan.in_registers) {
-    backward_two_pass<scalar_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
-    return;
+  constexpr int kRegistersPerVector = registers_for<scalar_t>(VEC, 2);
+  RowPlan plan = plan_block(p.cols, VEC, kRegistersPerVector);
+  if (!plan.in_registers && !p.is_causal) {
+    const int cluster_blocks = cluster_blocks_for(backward_in_registers<scalar_t, VEC, kMaxIters>);
+    plan = plan_cluster(p.cols, VEC, kRegistersPerVector, cluster_blocks);
   }
-  with_iters(plan.iters, [&](auto iters) {
-    backward_in_registers<scalar_t, VEC, decltype(iters)::value>
-        <<<blocks_for(p.rows, plan.threads / plan.width), plan.threads, 0, stream>>>(p, plan.width);
-  });
+  bool launched = false;
+  if (plan.in_registers) {
+    with_iters(plan.iters, [&](auto iters) {
+      launched = launch(backward_in_registers<scalar_t, VEC, decltype(iters)::value>, blocks_for(p.rows, plan),
+                        plan.threads, plan.tiling.blocks_per_row, stream, p, plan.tiling);
+    });
+  }
+  if (!launched) backward_two_pass<scalar_t, VEC><<<blocks_for(p.rows, kTwoPass), kLongRowThreads, 0, stream>>>(p);
 }
 
 at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,

@@ -42,17 +42,22 @@ struct GradientRow {
     }
   }
 
-  // How many of the vector's elements at `col` are visible: VEC for all but the one the limit cuts.
+  // How many of the vector's elements at `col` are visible: VEC or more for all but the one the limit cuts.
   __device__ __forceinline__ int64_t visible_in(int64_t col) const { return visible_end - col; }
+
+  __device__ __forceinline__ acc_t product(const Raw& raw, int v) const {
+    return static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+  }
 
   __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
     const int64_t visible = visible_in(col);
     acc_t sum = 0;
+    if (visible >= VEC) {
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if (visible >= VEC || v < visible) {
-        sum += static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
-      }
+      for (int v = 0; v < VEC; ++v) sum += product(raw, v);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) sum += v < visible ? product(raw, v) : acc_t(0);
     }
     return sum;
   }
@@ -60,40 +65,45 @@ struct GradientRow {
   // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
     if (col >= cols) return;
-    const int64_t visible = visible_in(col);
     acc_t dx_values[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-      const acc_t y_value = static_cast<acc_t>(raw.y.element[v]);
-      const acc_t dy_value = static_cast<acc_t>(raw.dy.element[v]);
-      dx_values[v] = visible >= VEC || v < visible ? scale * y_value * (dy_value - row_dot) : acc_t(0);
+      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
+    }
+    const int64_t visible = visible_in(col);
+    if (visible < VEC) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        if (v >= visible) dx_values[v] = 0;
+      }
     }
     store_vector<VEC>(dx, col, dx_values);
   }
 };
 
-// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
-// elements of y and of dy each; one reduction, one read of y and dy, one write of dx.
+// Row in registers: `tiling.width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
+// elements of y and of dy each, or a slice of such blocks per row for `tiling.blocks_per_row` blocks of a
+// cluster; one reduction, one read of y and dy, one write of dx.
 template <typename scalar_t, int VEC, int ITERS>
 __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2)))
-    backward_in_registers(const BackwardParams p, const int width) {
+    backward_in_registers(const BackwardParams p, const RowTiling tiling) {
   using Row = GradientRow<scalar_t, VEC>;
   using acc_t = typename Row::acc_t;
-  __shared__ acc_t shared[kWarp];
-  const int rows_per_block = blockDim.x / width;
-  const int lane = threadIdx.x % width;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width; row < p.rows;
-       row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+  // A slot per warp, and one the blocks of a cluster read from each other.
+  __shared__ acc_t shared[kWarp + 1];
+  const RowCover cover(tiling, ITERS * VEC);
+  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Row g(p, row);
     typename Row::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) g.fetch((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
+    for (int i = 0; i < ITERS; ++i) g.fetch(cover.column(i, VEC), raw[i]);
     acc_t local_dot = 0;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) local_dot += g.dot((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
-    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), width, shared);
+    for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);
+    acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), tiling.width, shared);
+    if (tiling.blocks_per_row > 1) row_dot = cluster_reduce(row_dot, SumOp(), shared + kWarp, tiling.blocks_per_row);
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) g.store_gradient((static_cast<int64_t>(i) * width + lane) * VEC, raw[i], row_dot);
+    for (int i = 0; i < ITERS; ++i) g.store_gradient(cover.column(i, VEC), raw[i], row_dot);
   }
 }
 

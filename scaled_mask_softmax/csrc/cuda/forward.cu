@@ -11,17 +11,19 @@
 namespace sms {
 namespace {
 
+// Rows beyond one block's registers take two passes: a cluster of blocks sharing the row in registers measured
+// slower (benchmarks/NOTES.md, v4), its loads idle through the exponentials and two cluster-wide reductions.
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_rows(p.cols, VEC, registers_for<acc_t>(VEC, 1));
+  const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers) {
-    forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, 1), plan.threads, 0, stream>>>(p);
+    forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p);
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
     forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value>
-        <<<blocks_for(p.rows, plan.threads / plan.width), plan.threads, 0, stream>>>(p, plan.width);
+        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.tiling.width);
   });
 }
 
@@ -30,7 +32,7 @@ void launch_forward(const ForwardParams& p, cudaStream_t stream) {
   // 16-byte vectors when every row of x, mask and y starts aligned; element by element otherwise.
   constexpr int kVec = 16 / sizeof(scalar_t);
   int mask_bytes = 1;
-  if constexpr (!std::is_same_v<mask_t, NoMask>) mask_bytes = sizeof(mask_t);
+  if constexpr (has_mask_v<mask_t>) mask_bytes = sizeof(mask_t);
   const bool aligned = p.cols % kVec == 0 &&
                        rows_aligned(p.x, p.x_strides, p.shape, kVec, sizeof(scalar_t)) &&
                        rows_aligned(p.y, contiguous_row_strides(p.shape, p.cols), p.shape, kVec, sizeof(scalar_t)) &&

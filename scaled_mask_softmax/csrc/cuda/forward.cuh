@@ -28,19 +28,17 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opma
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
-  const int rows_per_block = blockDim.x / width;
-  const int lane = threadIdx.x % width;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width; row < p.rows;
-       row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+  const RowCover cover({width, 1}, ITERS * VEC);
+  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Loader loader(p, row);
     typename Loader::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) loader.fetch((static_cast<int64_t>(i) * width + lane) * VEC, raw[i]);
+    for (int i = 0; i < ITERS; ++i) loader.fetch(cover.column(i, VEC), raw[i]);
     acc_t s[ITERS][VEC];
     acc_t local_max = kMasked;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      loader.scores((static_cast<int64_t>(i) * width + lane) * VEC, raw[i], s[i]);
+      loader.scores(cover.column(i, VEC), raw[i], s[i]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
     }
@@ -61,7 +59,7 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opma
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      const int64_t col = (static_cast<int64_t>(i) * width + lane) * VEC;
+      const int64_t col = cover.column(i, VEC);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
       if (col < p.cols) store_vector<VEC>(y, col, s[i]);

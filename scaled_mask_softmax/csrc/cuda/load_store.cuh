@@ -36,7 +36,7 @@ __device__ __forceinline__ void store_vector(T* row, int64_t col, const acc_t (&
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see.
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
 struct ScoreLoader {
-  static constexpr bool kHasMask = !std::is_same_v<mask_t, NoMask>;
+  static constexpr bool kHasMask = has_mask_v<mask_t>;
   // What one vector's loads bring: x, and the mask if there is one.
   struct Raw {
     Vector<scalar_t, VEC> x;

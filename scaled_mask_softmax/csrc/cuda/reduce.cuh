@@ -1,6 +1,8 @@
-// Reductions over the threads that share a row: a group of up to 32 lanes of one warp, or a whole block.
+// Reductions over the threads that share a row: a group of up to 32 lanes of one warp, a whole block, or the
+// blocks of a cluster.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 namespace sms {
@@ -26,6 +28,25 @@ __device__ __forceinline__ unsigned group_lanes(int width) {
   if (width == 32) return 0xffffffffu;
   const int first = (threadIdx.x % 32) / width * width;
   return ((1u << width) - 1u) << first;
+}
+
+// `value` (the same in every thread of the block) reduced over the `blocks` blocks of this block's cluster,
+// through distributed shared memory. Every block combines the values in rank order, so all get the same result.
+template <typename T, typename Op>
+__device__ __forceinline__ T cluster_reduce(T value, Op op, T* slot, int blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x == 0) *slot = value;
+  cluster.sync();
+  T result = *cluster.map_shared_rank(slot, 0);
+  for (int rank = 1; rank < blocks; ++rank) result = op(result, *cluster.map_shared_rank(slot, rank));
+  // No block may overwrite its slot, or exit, before every block has read it.
+  cluster.sync();
+  return result;
+#else
+  // Clusters need sm_90; the launch never asks for one elsewhere.
+  return value;
+#endif
 }
 
 // Every thread of the row's group gets the reduction of `value`. Groups wider than a warp are whole blocks,
