@@ -1,4 +1,4 @@
-"""The public operator: argument checks, the torch.ops call, fake kernels and autograd."""
+"""The public operator: argument checks, the torch.ops call and fake kernels (autograd is in csrc/autograd.cpp)."""
 import math
 import numbers
 
@@ -7,9 +7,8 @@ import torch
 from . import _build
 
 CAUSAL_VARIANTS = ("upper_left", "lower_right")
-# The overloads themselves: calling them skips the overload resolution of torch.ops.<name>.<op>(...).
+# The overload itself: calling it skips the overload resolution of torch.ops.scaled_mask_softmax.forward(...).
 _forward_op = torch.ops.scaled_mask_softmax.forward.default
-_backward_op = torch.ops.scaled_mask_softmax.backward.default
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -94,31 +93,3 @@ def _forward_fake(x, mask, scale, is_causal, causal_variant):
 @torch.library.register_fake("scaled_mask_softmax::backward")
 def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-
-
-def _setup_context(ctx, inputs, output):
-    _, mask, scale, is_causal, causal_variant = inputs
-    ctx.save_for_backward(output)
-    ctx.scale = scale
-    ctx.causal = (is_causal, causal_variant)
-    ctx.mask_shape = None if mask is None else mask.shape
-    ctx.mask_dtype = None if mask is None else mask.dtype
-
-
-def _backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    needs_x, needs_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dx = dmask = None
-    if needs_mask:
-        # d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
-        grad_scores = _backward_op(y, dy, 1.0, *ctx.causal)
-        accumulate = torch.float64 if ctx.mask_dtype == torch.float64 else torch.float32
-        dmask = grad_scores.to(accumulate).sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
-        if needs_x:
-            dx = grad_scores * ctx.scale
-    elif needs_x:
-        dx = _backward_op(y, dy, ctx.scale, *ctx.causal)
-    return dx, dmask, None, None, None
-
-
-torch.library.register_autograd("scaled_mask_softmax::forward", _backward, setup_context=_setup_context)
