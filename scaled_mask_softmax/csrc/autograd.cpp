@@ -37,12 +37,13 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& mask,
                             double scale, bool is_causal, c10::string_view causal_variant) {
     at::Tensor y = call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
-    // dx = scale * y * (dy - sum(dy * y)) needs y alone; of the mask only its shape and dtype are kept.
+    // dx = scale * y * (dy - sum(dy * y)) needs y alone. Each saved_data entry is a map insert on every call
+    // that builds a graph, so only what the backward reads is kept: the causal variant only when causal, the
+    // mask's shape and dtype only when the mask is learnable.
     ctx->save_for_backward({y});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["is_causal"] = is_causal;
-    ctx->saved_data["causal_variant"] = std::string(causal_variant);
-    if (mask.has_value()) {
+    if (is_causal) ctx->saved_data["causal_variant"] = std::string(causal_variant);
+    if (mask.has_value() && mask->requires_grad()) {
       ctx->saved_data["mask_sizes"] = mask->sym_sizes();
       ctx->saved_data["mask_dtype"] = mask->scalar_type();
     }
@@ -53,9 +54,10 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
     const at::Tensor y = ctx->get_saved_variables()[0];
     const at::Tensor& dy = grad_outputs[0];
     const double scale = ctx->saved_data["scale"].toDouble();
-    const bool is_causal = ctx->saved_data["is_causal"].toBool();
-    const std::string& causal_variant = ctx->saved_data["causal_variant"].toStringRef();
-    // The graph's inputs are x, then the mask when one was given (a bool mask never requires grad).
+    const bool is_causal = ctx->saved_data.count("causal_variant") > 0;
+    const c10::string_view causal_variant =
+        is_causal ? ctx->saved_data["causal_variant"].toStringView() : c10::string_view("upper_left");
+    // The graph's inputs are x, then the mask when one was given.
     const bool needs_x = ctx->needs_input_grad(0);
     const bool needs_mask = ctx->saved_data.count("mask_sizes") > 0 && ctx->needs_input_grad(1);
     at::Tensor dx, dmask;
