@@ -42,7 +42,8 @@ def _broadcasts_to(shape, target):
 
 
 def _check_options(scale, is_causal, causal_variant):
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    # A float is let through first: isinstance against numbers.Real costs about half a microsecond a call.
+    if type(scale) is not float and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
         raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
