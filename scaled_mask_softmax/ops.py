@@ -30,15 +30,7 @@ def _check_arguments(x, mask, scale, is_causal, causal_variant):
         raise TypeError(f"mask must be bool (True = attend) or floating (added to the scores), got {mask.dtype}")
     if mask.device != x.device:
         raise ValueError(f"mask must be on x's device ({x.device}), got {mask.device}")
-    if not _broadcasts_to(mask.shape, x.shape):
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x.shape)}")
-
-
-def _broadcasts_to(shape, target):
-    # Plain comparisons: torch.broadcast_shapes costs several times a whole small call.
-    if len(shape) > len(target):
-        return False
-    return all(size == 1 or size == target_size for size, target_size in zip(reversed(shape), reversed(target)))
+    # Whether the mask broadcasts to x is left to the operator (csrc/binding.h), where it costs next to nothing.
 
 
 def _check_options(scale, is_causal, causal_variant):
