@@ -64,7 +64,7 @@ def write_build_info(with_cuda):
     (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / "scaled_mask_softmax.cpp")],
+extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / name) for name in toolkit.CPU_SOURCES],
                                          extra_compile_args={"cxx": toolkit.cxx_flags()})]
 with_cuda = want_cuda()
 if with_cuda:

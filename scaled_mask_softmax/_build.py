@@ -36,7 +36,8 @@ def load_cpu_kernels() -> str:
         from . import _C  # noqa: F401
         return "installed"
     except ImportError:
-        _build_just_in_time("scaled_mask_softmax_cpu", [CSRC / "scaled_mask_softmax.cpp"], with_cuda=False)
+        _build_just_in_time("scaled_mask_softmax_cpu", [CSRC / name for name in _toolkit.CPU_SOURCES],
+                            with_cuda=False)
         return "built just in time"
 
 

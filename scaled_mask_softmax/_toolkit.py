@@ -1,4 +1,5 @@
-"""Finding the CUDA toolkit an `nvcc` really belongs to (no torch import: setup.py uses this too)."""
+"""What setup.py and the just-in-time build share (no torch import): the C++ sources, the compiler flags,
+and finding the CUDA toolkit an `nvcc` really belongs to."""
 import os
 import re
 import shutil
@@ -53,6 +54,10 @@ def default_cuda_home(env=None):
         return root
     fallback = Path("/usr/local/cuda")
     return fallback if (fallback / "bin" / "nvcc").exists() else None
+
+
+# The `_C` library, in csrc/: schema and CPU kernels, and the autograd kernel every device shares.
+CPU_SOURCES = ("scaled_mask_softmax.cpp", "autograd.cpp")
 
 
 def cxx_flags():

@@ -1,4 +1,4 @@
-"""The public operator: argument checks, the torch.ops call, fake kernels and autograd."""
+"""The public operator: argument checks, the torch.ops call and fake kernels (autograd is in csrc/autograd.cpp)."""
 import math
 import numbers
 
@@ -7,9 +7,8 @@ import torch
 from . import _build
 
 CAUSAL_VARIANTS = ("upper_left", "lower_right")
-# The overloads themselves: calling them skips the overload resolution of torch.ops.<name>.<op>(...).
+# The overload itself: calling it skips the overload resolution of torch.ops.scaled_mask_softmax.forward(...).
 _forward_op = torch.ops.scaled_mask_softmax.forward.default
-_backward_op = torch.ops.scaled_mask_softmax.backward.default
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -31,19 +30,12 @@ def _check_arguments(x, mask, scale, is_causal, causal_variant):
         raise TypeError(f"mask must be bool (True = attend) or floating (added to the scores), got {mask.dtype}")
     if mask.device != x.device:
         raise ValueError(f"mask must be on x's device ({x.device}), got {mask.device}")
-    if not _broadcasts_to(mask.shape, x.shape):
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x.shape)}")
-
-
-def _broadcasts_to(shape, target):
-    # Plain comparisons: torch.broadcast_shapes costs several times a whole small call.
-    if len(shape) > len(target):
-        return False
-    return all(size == 1 or size == target_size for size, target_size in zip(reversed(shape), reversed(target)))
+    # Whether the mask broadcasts to x is left to the operator (csrc/binding.h), where it costs next to nothing.
 
 
 def _check_options(scale, is_causal, causal_variant):
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    # A float is let through first: isinstance against numbers.Real costs about half a microsecond a call.
+    if type(scale) is not float and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
         raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
@@ -94,31 +86,3 @@ def _forward_fake(x, mask, scale, is_causal, causal_variant):
 @torch.library.register_fake("scaled_mask_softmax::backward")
 def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-
-
-def _setup_context(ctx, inputs, output):
-    _, mask, scale, is_causal, causal_variant = inputs
-    ctx.save_for_backward(output)
-    ctx.scale = scale
-    ctx.causal = (is_causal, causal_variant)
-    ctx.mask_shape = None if mask is None else mask.shape
-    ctx.mask_dtype = None if mask is None else mask.dtype
-
-
-def _backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    needs_x, needs_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dx = dmask = None
-    if needs_mask:
-        # d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
-        grad_scores = _backward_op(y, dy, 1.0, *ctx.causal)
-        accumulate = torch.float64 if ctx.mask_dtype == torch.float64 else torch.float32
-        dmask = grad_scores.to(accumulate).sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
-        if needs_x:
-            dx = grad_scores * ctx.scale
-    elif needs_x:
-        dx = _backward_op(y, dy, ctx.scale, *ctx.causal)
-    return dx, dmask, None, None, None
-
-
-torch.library.register_autograd("scaled_mask_softmax::forward", _backward, setup_context=_setup_context)

@@ -49,5 +49,7 @@ def test_mask_on_another_device():
 def test_direct_operator_calls_are_checked_too():
     with pytest.raises(RuntimeError, match="causal_variant must be 'upper_left' or 'lower_right'"):
         torch.ops.scaled_mask_softmax.forward(X, None, 1.0, True, "diagonal")
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 4\) does not broadcast to x of shape"):
+        torch.ops.scaled_mask_softmax.forward(X, torch.zeros(2, 1, 1, 4), 1.0, False, "upper_left")
     with pytest.raises(RuntimeError, match="dy must have y's shape"):
         torch.ops.scaled_mask_softmax.backward(X, X[0], 1.0)

@@ -22,6 +22,16 @@ inline std::string shape_string(at::IntArrayRef sizes) {
   return text + (sizes.size() == 1 ? ",)" : ")");
 }
 
+// Sizes aligned from the last dim, each 1 or equal to the target's.
+inline bool broadcasts_to(at::IntArrayRef shape, at::IntArrayRef target) {
+  if (shape.size() > target.size()) return false;
+  const size_t leading = target.size() - shape.size();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] != 1 && shape[d] != target[leading + d]) return false;
+  }
+  return true;
+}
+
 // The mask as the kernels read it: bool, x's dtype, or x's compute type (float, double for double),
 // with a contiguous last dim, expanded (stride 0, never materialised) to x's shape.
 struct PreparedMask {
@@ -35,8 +45,8 @@ inline PreparedMask prepare_mask(const std::optional<at::Tensor>& mask, const at
   TORCH_CHECK(m.device() == x.device(), "mask must be on x's device (", x.device(), "), got ", m.device());
   TORCH_CHECK(m.dtype() == at::kBool || at::isFloatingType(m.scalar_type()),
               "mask must be bool or floating, got ", m.scalar_type());
-  TORCH_CHECK(m.dim() <= x.dim(), "mask of shape ", shape_string(m.sizes()), " does not broadcast to x of shape ",
-              shape_string(x.sizes()));
+  TORCH_CHECK_VALUE(broadcasts_to(m.sizes(), x.sizes()), "mask of shape ", shape_string(m.sizes()),
+                    " does not broadcast to x of shape ", shape_string(x.sizes()));
   MaskKind kind = MaskKind::kBool;
   if (m.dtype() == x.dtype()) {
     kind = MaskKind::kSameAsX;
