@@ -53,3 +53,12 @@ def test_direct_operator_calls_are_checked_too():
         torch.ops.scaled_mask_softmax.forward(X, torch.zeros(2, 1, 1, 4), 1.0, False, "upper_left")
     with pytest.raises(RuntimeError, match="dy must have y's shape"):
         torch.ops.scaled_mask_softmax.backward(X, X[0], 1.0)
+
+
+def test_double_backward_is_refused_not_zero():
+    # Without a derivative of the backward, a second derivative would silently come out as zeros.
+    x = X.clone().requires_grad_()
+    (dx,) = torch.autograd.grad(sms.scaled_mask_softmax(x, scale=0.5)[..., 0].sum(), x)
+    assert dx.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="scaled_mask_softmax has no double backward"):
+        torch.autograd.grad(sms.scaled_mask_softmax(x, scale=0.5)[..., 0].sum(), x, create_graph=True)

@@ -53,6 +53,10 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor y = ctx->get_saved_variables()[0];
     const at::Tensor& dy = grad_outputs[0];
+    // The backward op has no derivative of its own: a graph built through it would give zero second derivatives.
+    TORCH_CHECK(!at::GradMode::is_enabled() || !(y.requires_grad() || dy.requires_grad()),
+                "scaled_mask_softmax has no double backward: backward(create_graph=True) and higher-order "
+                "gradients through it are not supported");
     const double scale = ctx->saved_data["scale"].toDouble();
     const bool is_causal = ctx->saved_data.count("causal_variant") > 0;
     const c10::string_view causal_variant =
