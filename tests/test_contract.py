@@ -225,7 +225,45 @@ def test_gradcheck_float64(device, causal_variant):
     def op(x, bias):
         return sms.scaled_mask_softmax(x, bias, 0.6, True, causal_variant)
 
-    assert torch.autograd.gradcheck(op, (x, bias))
+    assert torch.autograd.gradcheck(op, (x, bias), check_forward_ad=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal_variant", [None, "upper_left", "lower_right"])
+def test_forward_mode_matches_the_reference(device, causal_variant):
+    # torch.func.jvp, jacfwd and torch.autograd.forward_ad: the tangent through x and through a floating mask.
+    is_causal, variant = causal_variant is not None, causal_variant or "upper_left"
+    x = random_scores((2, 3, 4, 6), torch.float64, device)
+    bias = random_scores((4, 6), torch.float64, device, generator_seed=5)
+    tangents = (random_scores(x.shape, torch.float64, device, generator_seed=6),
+                random_scores(bias.shape, torch.float64, device, generator_seed=7))
+    ours = torch.func.jvp(lambda a, b: sms.scaled_mask_softmax(a, b, 0.7, is_causal, variant), (x, bias), tangents)
+    expected = torch.func.jvp(lambda a, b: sms.scaled_mask_softmax_reference(a, b, 0.7, is_causal, variant),
+                              (x, bias), tangents)
+    assert_close_to(ours[0], expected[0], torch.float64)
+    assert_close_to(ours[1], expected[1], torch.float64)
+    row = x[0, 0, 0]
+    jacobian = torch.func.jacfwd(lambda a: sms.scaled_mask_softmax(a, None, 0.7))(row)
+    assert_close_to(jacobian, torch.func.jacfwd(lambda a: sms.scaled_mask_softmax_reference(a, None, 0.7))(row),
+                    torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_and_reverse_mode_together(device):
+    import torch.autograd.forward_ad as forward_ad
+
+    x = random_scores((3, 7), torch.float64, device)
+    tangent = random_scores(x.shape, torch.float64, device, generator_seed=6)
+    weights = random_scores(x.shape, torch.float64, device, generator_seed=7)
+    _, expected_tangent = torch.func.jvp(lambda a: sms.scaled_mask_softmax_reference(a, None, 0.7), (x,), (tangent,))
+    with forward_ad.dual_level():
+        leaf = x.clone().requires_grad_()
+        y = sms.scaled_mask_softmax(forward_ad.make_dual(leaf, tangent), None, 0.7)
+        assert_close_to(forward_ad.unpack_dual(y).tangent, expected_tangent, torch.float64)
+        (y * weights).sum().backward()
+    reference_leaf = x.clone().requires_grad_()
+    (sms.scaled_mask_softmax_reference(reference_leaf, None, 0.7) * weights).sum().backward()
+    assert_close_to(leaf.grad, reference_leaf.grad, torch.float64)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,5 +1,6 @@
 // The forward's autograd kernel, for every device: the graph node saves y alone, and its backward is the
-// backward op (a learnable floating mask also gets the score gradient, summed over its broadcast dims).
+// backward op (a learnable floating mask also gets the score gradient, summed over its broadcast dims); the
+// forward-mode tangent comes from the backward op too.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/autograd.h>
@@ -79,13 +80,37 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
   }
 };
 
+// Forward mode (torch.func.jvp, torch.autograd.forward_ad): the tangent of y = softmax(s) is
+// y * (ds - sum(y * ds)), the backward op's formula with ds = dx * scale + dmask in place of dy.
+at::Tensor score_tangent(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale) {
+  const at::Tensor x_tangent = x._fw_grad(/*level=*/0);
+  const at::Tensor mask_tangent = mask.has_value() ? mask->_fw_grad(/*level=*/0) : at::Tensor();
+  if (!mask_tangent.defined()) return x_tangent.defined() ? x_tangent * scale : at::Tensor();
+  return x_tangent.defined() ? x_tangent * scale + mask_tangent : mask_tangent.expand_as(x);
+}
+
 at::Tensor forward_autograd(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale,
                             bool is_causal, c10::string_view causal_variant) {
   const bool builds_graph =
       at::GradMode::is_enabled() && (x.requires_grad() || (mask.has_value() && mask->requires_grad()));
-  // Function::apply allocates a graph node even when nothing requires grad; a plain call skips that.
-  if (!builds_graph) return call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
-  return ScaledMaskSoftmaxFunction::apply(x, mask, scale, is_causal, causal_variant);
+  const at::Tensor tangent = score_tangent(x, mask, scale);
+  // Function::apply allocates a graph node even when nothing requires grad; a plain call skips that. It also
+  // refuses inputs that carry tangents, so it gets their primals, which keep the graph.
+  at::Tensor y;
+  if (!builds_graph) {
+    y = call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
+  } else if (!tangent.defined()) {
+    y = ScaledMaskSoftmaxFunction::apply(x, mask, scale, is_causal, causal_variant);
+  } else {
+    const std::optional<at::Tensor> mask_primal =
+        mask.has_value() ? std::optional<at::Tensor>(mask->_fw_primal(/*level=*/0)) : std::nullopt;
+    y = ScaledMaskSoftmaxFunction::apply(x._fw_primal(/*level=*/0), mask_primal, scale, is_causal, causal_variant);
+  }
+  if (tangent.defined()) {
+    y._set_fw_grad(call_backward(y._fw_primal(/*level=*/0), tangent, 1.0, is_causal, causal_variant),
+                   /*level=*/0, /*is_inplace_op=*/false);
+  }
+  return y;
 }
 
 }  // namespace
