@@ -31,9 +31,9 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     bool launched = false;
     if (cluster.in_registers) {
       with_iters(cluster.iters, [&](auto iters) {
-        launched = launch(backward_in_registers<scalar_t, VEC, decltype(iters)::value, false, true>,
-                          blocks_for(p.rows, cluster), cluster.threads, cluster.tiling.blocks_per_row, stream, p,
-                          cluster.tiling);
+        launched = launch_in_clusters(backward_in_registers<scalar_t, VEC, decltype(iters)::value, false, true>,
+                                      blocks_for(p.rows, cluster), cluster.threads, cluster.tiling.blocks_per_row,
+                                      stream, p, cluster.tiling);
       });
     }
     if (launched) return;

@@ -134,15 +134,11 @@ int cluster_blocks_for(Kernel kernel) {
   return attributes.binaryVersion >= 90 ? kMaxClusterBlocks : 1;
 }
 
-// kernel<<<blocks, threads, 0, stream>>>(args...), in clusters of `cluster_blocks` blocks when that is above 1.
-// False, launching nothing, when the device cannot hold one such cluster.
+// kernel<<<blocks, threads, 0, stream>>>(args...) in clusters of `cluster_blocks` blocks. False, launching
+// nothing, when the device cannot hold one such cluster.
 template <typename... Params, typename... Args>
-bool launch(void (*kernel)(Params...), unsigned blocks, int threads, int cluster_blocks, cudaStream_t stream,
-            const Args&... args) {
-  if (cluster_blocks == 1) {
-    kernel<<<blocks, threads, 0, stream>>>(args...);
-    return true;
-  }
+bool launch_in_clusters(void (*kernel)(Params...), unsigned blocks, int threads, int cluster_blocks,
+                        cudaStream_t stream, const Args&... args) {
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = cluster_blocks;
