@@ -19,28 +19,46 @@ __device__ __forceinline__ float exp_of(float v) { return __expf(v); }
 template <>
 __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 
+// bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
+// and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
+// in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
+// at 1024 columns, 2.04 -> 1.58 at 16384). fp16, and rows with a mask, measured slower this way.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+constexpr bool kReformsScores = std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t> && VEC == 8 && ITERS == 4;
+
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
+
 // Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1)))
-    forward_in_registers(const ForwardParams p, const int width) {
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, mask_t, VEC, ITERS>,
+                                  // As many blocks as leave each thread 64 of the 65,536 registers.
+                                  kReformsScores<scalar_t, mask_t, VEC, ITERS>
+                                      ? 65536 / (64 * forward_max_threads<scalar_t, mask_t, VEC, ITERS>)
+                                      : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
   const RowCover cover({width, 1}, ITERS * VEC);
+  auto column = [&](int i) { return cover.column(i, VEC); };
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Loader loader(p, row);
     typename Loader::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) loader.fetch(cover.column(i, VEC), raw[i]);
+    for (int i = 0; i < ITERS; ++i) loader.fetch(column(i), raw[i]);
     acc_t s[ITERS][VEC];
     acc_t local_max = kMasked;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      loader.scores(cover.column(i, VEC), raw[i], s[i]);
+      loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+    }
+    if constexpr (kReformsScores<scalar_t, mask_t, VEC, ITERS>) {
+#pragma unroll
+      for (int i = 0; i < ITERS; ++i) Loader::reform_after(raw[i]);
     }
     const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, width, shared);
     // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
@@ -48,6 +66,7 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opma
     acc_t local_sum = 0;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
+      if constexpr (kReformsScores<scalar_t, mask_t, VEC, ITERS>) loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         s[i][v] = exp_of(s[i][v] - shift);
@@ -59,7 +78,7 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<at::opma
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      const int64_t col = cover.column(i, VEC);
+      const int64_t col = column(i);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
       if (col < p.cols) store_vector<VEC>(y, col, s[i]);

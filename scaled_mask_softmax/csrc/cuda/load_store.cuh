@@ -33,6 +33,16 @@ __device__ __forceinline__ void store_vector(T* row, int64_t col, const acc_t (&
   *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
 }
 
+// An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
+// after, so they are formed again rather than held in registers in between.
+template <typename T, int N>
+__device__ __forceinline__ void reform_after(Vector<T, N>& vector) {
+  static_assert(sizeof(vector) % 4 == 0, "whole 32-bit words");
+  auto* words = reinterpret_cast<uint32_t*>(&vector);
+#pragma unroll
+  for (int w = 0; w < static_cast<int>(sizeof(vector) / 4); ++w) asm volatile("" : "+r"(words[w]));
+}
+
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see.
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
 struct ScoreLoader {
@@ -62,6 +72,11 @@ struct ScoreLoader {
       raw.x = load_vector<VEC>(x, col);
       if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
     }
+  }
+
+  __device__ __forceinline__ static void reform_after(Raw& raw) {
+    sms::reform_after(raw.x);
+    if constexpr (kHasMask) sms::reform_after(raw.mask);
   }
 
   __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
