@@ -26,16 +26,16 @@ __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 constexpr bool kReformsScores = std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t> && VEC == 8 && ITERS == 4;
 
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
 
 // Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(forward_max_threads<scalar_t, mask_t, VEC, ITERS>,
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   // As many blocks as leave each thread 64 of the 65,536 registers.
                                   kReformsScores<scalar_t, mask_t, VEC, ITERS>
-                                      ? 65536 / (64 * forward_max_threads<scalar_t, mask_t, VEC, ITERS>)
+                                      ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
                                       : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
