@@ -24,7 +24,8 @@ __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 // in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
 // at 1024 columns, 2.04 -> 1.58 at 16384). fp16, and rows with a mask, measured slower this way.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-constexpr bool kReformsScores = std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t> && VEC == 8 && ITERS == 4;
+constexpr bool kReformsScores =
+    std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t> && VEC == 8 && ITERS == 4;
 
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
