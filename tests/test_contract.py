@@ -11,8 +11,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # length that is not a multiple of the vector is read element by element):
 #   1..256 vectors: a group of 1..32 lanes per row, up to 8 vectors per lane (many rows per warp);
 #   then one block per row with the row in registers, up to 16384 columns (4096 element by element);
-#   beyond: one block per row, two passes; except the backward without a causal limit on sm_90, where a
-#   cluster of 2..8 such blocks holds the row, a slice each (20000: two blocks).
+#   beyond: two passes, one block per row; on sm_90 a row without a causal limit is split over the blocks of a
+#   cluster, a slice each, once it is longer than 4096 vectors (20000: two blocks in fp32, eight element by element).
 ROW_LENGTHS = [1, 2, 3, 7, 8, 31, 33, 64, 100, 256, 257, 1000, 1024, 2048, 2056, 4096, 5001, 8200, 16384, 16392,
                20000]
 

@@ -47,8 +47,7 @@ class Case:
 
 
 # Mostly short rows (many rows per warp on CUDA), some up to the register-resident block path, now and then past
-# 16384 columns, where CUDA rows take the two-pass kernels (the backward a cluster of blocks on sm_90, up to 131072
-# columns, 32768 for rows of odd length). The tiers are weighted 6 : 3 : 1 by repetition (st.one_of would drop the repeats).
+# 16384 columns, where CUDA rows take the two-pass kernels (on sm_90 split over the blocks of a cluster). The tiers are weighted 6 : 3 : 1 by repetition (st.one_of would drop the repeats).
 SHORT_ROWS, MEDIUM_ROWS, LONG_ROWS = st.integers(1, 64), st.integers(65, 5000), st.integers(16385, 70000)
 ROW_LENGTHS = st.sampled_from([SHORT_ROWS] * 6 + [MEDIUM_ROWS] * 3 + [LONG_ROWS]).flatmap(lambda lengths: lengths)
 SCALES = st.one_of(

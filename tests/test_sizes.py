@@ -97,7 +97,7 @@ def sampled_forward_backward(shape, padding_lengths, sampled_rows):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("shape", [(3, 43691, 16384), (3, 10923, 65536)])  # a block per row; two passes (a cluster backward)
+@pytest.mark.parametrize("shape", [(3, 43691, 16384), (3, 10923, 65536)])  # a block per row; two passes over slices
 def test_more_than_2_to_the_31_elements(shape, release_cuda_memory):
     batch, queries, cols = shape
     elements = batch * queries * cols

@@ -11,34 +11,17 @@
 namespace sms {
 namespace {
 
-// Rows beyond one block's registers: without a causal limit, a cluster of blocks holds the row in registers and
-// reads it once; with one, or beyond the cluster, two passes (a causal row leaves most of a cluster idle, and
-// measured slower that way: benchmarks/NOTES.md, v4).
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
-  constexpr int kRegistersPerVector = registers_for<scalar_t>(VEC, 2);
-  const RowPlan plan = plan_block(p.cols, VEC, kRegistersPerVector);
-  if (plan.in_registers) {
-    with_iters(plan.iters, [&](auto iters) {
-      backward_in_registers<scalar_t, VEC, decltype(iters)::value, kCausal, false>
-          <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.tiling);
-    });
+  const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
+  if (!plan.in_registers) {
+    launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     return;
   }
-  if constexpr (!kCausal) {
-    const RowPlan cluster = plan_cluster(p.cols, VEC, kRegistersPerVector,
-                                         cluster_blocks_for(backward_in_registers<scalar_t, VEC, 4, false, true>));
-    bool launched = false;
-    if (cluster.in_registers) {
-      with_iters(cluster.iters, [&](auto iters) {
-        launched = launch_in_clusters(backward_in_registers<scalar_t, VEC, decltype(iters)::value, false, true>,
-                                      blocks_for(p.rows, cluster), cluster.threads, cluster.tiling.blocks_per_row,
-                                      stream, p, cluster.tiling);
-      });
-    }
-    if (launched) return;
-  }
-  backward_two_pass<scalar_t, VEC, kCausal><<<blocks_for(p.rows, kTwoPass), kLongRowThreads, 0, stream>>>(p);
+  with_iters(plan.iters, [&](auto iters) {
+    backward_in_registers<scalar_t, VEC, decltype(iters)::value, kCausal>
+        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+  });
 }
 
 template <typename scalar_t, int VEC>

@@ -23,17 +23,23 @@ struct GradientRow {
   const scalar_t* y;
   const scalar_t* dy;
   scalar_t* dx;
-  int64_t cols;
+  int64_t end;  // one past the last column written: the row's end, or its slice's
   int64_t visible_end;
   acc_t scale;
 
   __device__ GradientRow(const BackwardParams& p, int64_t row)
-      : cols(p.cols), visible_end(kCausal ? sms::visible_end(p, row) : p.cols), scale(static_cast<acc_t>(p.scale)) {
+      : end(p.cols), visible_end(kCausal ? sms::visible_end(p, row) : p.cols), scale(static_cast<acc_t>(p.scale)) {
     int64_t y_start, dy_start;
     row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
+  }
+
+  // Takes only the columns before `slice_end` (a block's slice of the row).
+  __device__ __forceinline__ void clip(int64_t slice_end) {
+    end = slice_end;
+    visible_end = visible_end < slice_end ? visible_end : slice_end;
   }
 
   // Keys past the visible ones are never read.
@@ -64,7 +70,7 @@ struct GradientRow {
 
   // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
-    if (col >= cols) return;
+    if (col >= end) return;
     acc_t dx_values[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
@@ -81,17 +87,15 @@ struct GradientRow {
   }
 };
 
-// Row in registers: `tiling.width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
-// elements of y and of dy each, or with kCluster a slice of such blocks per row for `tiling.blocks_per_row`
-// blocks of a cluster; one reduction, one read of y and dy, one write of dx.
-template <typename scalar_t, int VEC, int ITERS, bool kCausal, bool kCluster>
+// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
+// elements of y and of dy each; one reduction, one read of y and dy, one write of dx.
+template <typename scalar_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2)))
-    backward_in_registers(const BackwardParams p, const RowTiling tiling) {
+    backward_in_registers(const BackwardParams p, const int width) {
   using Row = GradientRow<scalar_t, VEC, kCausal>;
   using acc_t = typename Row::acc_t;
-  // A slot per warp, and one the blocks of a cluster read from each other.
-  __shared__ acc_t shared[kWarp + 1];
-  const RowCover cover(kCluster ? tiling : RowTiling{tiling.width, 1}, ITERS * VEC);
+  __shared__ acc_t shared[kWarp];
+  const RowCover cover(width);
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Row g(p, row);
     typename Row::Raw raw[ITERS];
@@ -100,40 +104,52 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t
     acc_t local_dot = 0;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);
-    acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), tiling.width, shared);
-    if constexpr (kCluster) row_dot = cluster_reduce(row_dot, SumOp(), shared + kWarp, tiling.blocks_per_row);
+    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), width, shared);
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) g.store_gradient(cover.column(i, VEC), raw[i], row_dot);
   }
 }
 
-// Rows of any length: one block per row; pass 1 sums dy * y, pass 2 reads both again and writes dx; kUnroll
-// vectors per thread in flight.
+// Rows beyond one block's registers, in two passes over slices of the row as in forward_two_pass: pass 1 sums
+// dy * y over the slice, the slices' sums are added through distributed shared memory, pass 2 reads both again
+// (from L2) and writes dx; kUnroll vectors per thread in flight.
 template <typename scalar_t, int VEC, bool kCausal>
-__global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const BackwardParams p) {
+__global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const BackwardParams p, const int blocks_per_row) {
   using Row = GradientRow<scalar_t, VEC, kCausal>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
+  __shared__ ClusterExchange<acc_t, kMaxClusterBlocks> exchange;
+  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const Row g(p, row);
+  const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
+  int round = 0;
+  for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
+    Row g(p, row);
+    g.clip(slice.end);
     acc_t local_dot = 0;
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < g.visible_end; base += kUnroll * step) {
-      typename Row::Raw raw[kUnroll];
+#pragma unroll 1
+    for (int64_t base = first; base < g.visible_end; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) local_dot += g.dot(base + u * step, raw[u]);
     }
-    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
-      typename Row::Raw raw[kUnroll];
+    acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
+    if (blocks_per_row > 1) row_dot = exchange.reduce(row_dot, SumOp(), blocks_per_row, round++);
+    int64_t base = first;
+#pragma unroll 1
+    for (; base < g.visible_end; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.store_gradient(base + u * step, raw[u], row_dot);
     }
+    store_zeros<VEC>(g.dx, base, slice.end, step);
   }
+  if (blocks_per_row > 1) exchange.finish();
 }
 
 }  // namespace sms

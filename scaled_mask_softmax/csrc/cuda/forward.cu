@@ -11,19 +11,17 @@
 namespace sms {
 namespace {
 
-// Rows beyond one block's registers take two passes: a cluster of blocks sharing the row in registers measured
-// slower (benchmarks/NOTES.md, v4), its loads idle through the exponentials and two cluster-wide reductions.
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers) {
-    forward_two_pass<scalar_t, mask_t, VEC><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p);
+    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
     forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value>
-        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.tiling.width);
+        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
   });
 }
 

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
-  const RowCover cover({width, 1}, ITERS * VEC);
+  const RowCover cover(width);
   auto column = [&](int i) { return cover.column(i, VEC); };
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Loader loader(p, row);
@@ -87,31 +87,62 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   }
 }
 
-// Rows of any length: one block per row. Pass 1 keeps a running max and a sum of exponentials rescaled to it;
-// pass 2 reads the row again (mostly from L2) and writes y. kUnroll vectors per thread are loaded before any is
-// used, to keep enough bytes in flight.
+// A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).
+template <typename acc_t>
+struct SoftmaxStats {
+  acc_t max;
+  acc_t sum;
+
+  // The sum shifted by `row_max` instead, row_max >= max. An all-masked part adds its sum as it is: 0, or NaN.
+  __device__ __forceinline__ acc_t sum_shifted_to(acc_t row_max) const {
+    return max == -std::numeric_limits<acc_t>::infinity() ? sum : sum * exp_of(max - row_max);
+  }
+};
+
+struct MergeStats {
+  template <typename acc_t>
+  __device__ __forceinline__ SoftmaxStats<acc_t> operator()(const SoftmaxStats<acc_t>& a,
+                                                            const SoftmaxStats<acc_t>& b) const {
+    const acc_t max = fmax(a.max, b.max);
+    return {max, a.sum_shifted_to(max) + b.sum_shifted_to(max)};
+  }
+};
+
+// Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
+// `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
+// of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
+// the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
+// any is used, to keep enough bytes in flight.
 template <typename scalar_t, typename mask_t, int VEC>
-__global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const ForwardParams p) {
+__global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ acc_t shared[kWarp];
+  __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
+  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const Loader loader(p, row);
+  const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
+  int round = 0;
+  for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
+    Loader loader(p, row);
+    loader.clip(slice.end);
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < loader.visible_end; base += kUnroll * step) {
-      typename Loader::Raw raw[kUnroll];
+#pragma unroll 1
+    for (int64_t base = first; base < loader.visible_end; base += kUnroll * step) {
+      // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
+      typename Loader::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
-      acc_t s[kUnroll][VEC];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        loader.scores(base + u * step, raw[u], s[u]);
+        acc_t s[VEC];
+        loader.scores(base + u * step, raw[u], s);
         acc_t vector_max = kMasked;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[u][v]);
+        for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
         if (vector_max > local_max) {
           local_sum *= exp_of(local_max - vector_max);
           local_max = vector_max;
@@ -119,17 +150,21 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
         // Shifting by 0 while everything so far is masked keeps a NaN score NaN instead of dropping it.
         const acc_t shift = local_max == kMasked ? acc_t(0) : local_max;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[u][v] - shift);
+        for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - shift);
       }
     }
-    const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, blockDim.x, shared);
-    const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
-    if (local_max != kMasked) local_sum *= exp_of(local_max - shift);
-    const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), blockDim.x, shared);
-    const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+    SoftmaxStats<acc_t> stats;
+    stats.max = row_reduce(local_max, MaxOp(), kMasked, blockDim.x, shared);
+    stats.sum = row_reduce(SoftmaxStats<acc_t>{local_max, local_sum}.sum_shifted_to(stats.max), SumOp(), acc_t(0),
+                           blockDim.x, shared);
+    if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
+    const acc_t shift = stats.max == kMasked ? acc_t(0) : stats.max;
+    const acc_t inverse = stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum;
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * VEC; base < p.cols; base += kUnroll * step) {
-      typename Loader::Raw raw[kUnroll];
+    int64_t base = first;
+#pragma unroll 1
+    for (; base < loader.visible_end; base += kUnroll * step) {
+      typename Loader::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
 #pragma unroll
@@ -138,10 +173,12 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
         loader.scores(base + u * step, raw[u], s);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
-        if (base + u * step < p.cols) store_vector<VEC>(y, base + u * step, s);
+        if (base + u * step < slice.end) store_vector<VEC>(y, base + u * step, s);
       }
     }
+    store_zeros<VEC>(y, base, slice.end, step);
   }
+  if (blocks_per_row > 1) exchange.finish();
 }
 
 }  // namespace sms

@@ -15,17 +15,18 @@ constexpr int kWarp = 32;
 constexpr int kMaxIters = 8;
 // Blocks of the short-row tier: four warps, each split into groups of lanes, one group per row.
 constexpr int kShortRowThreads = 128;
-// Rows too long for registers: one block per row; 512 threads leave each room for kUnroll vectors of two operands.
-constexpr int kLongRowThreads = 512;
+// Rows too long for registers: blocks of the two-pass kernels, each taking a slice of a row.
+constexpr int kLongRowThreads = 256;
 // Vectors each thread of the two-pass kernels loads before using any.
 constexpr int kUnroll = 4;
+// The most unrolled sweeps of a block over its slice of a row, in each pass.
+constexpr int kSweepsPerSlice = 4;
 // Vectors each thread of the register kernels aims to hold: 64 bytes of bf16 in flight per thread, and the
 // per-row work (finding where the row starts, the reductions) shared by enough elements.
 constexpr int kTargetIters = 4;
 
-// Rows longer than one block holds: up to this many blocks of a thread-block cluster per row (the portable most;
-// 16 measured slower than two passes).
-constexpr int kMaxClusterBlocks = 8;
+// Rows longer than one block holds: up to this many blocks of a thread-block cluster per row.
+constexpr int kMaxClusterBlocks = 16;
 
 // Threads per block that still leave a thread `data_registers` for its part of the row plus room for addresses,
 // 64-bit row arithmetic and exp, so that nothing spills (65,536 registers per multiprocessor).
@@ -48,44 +49,52 @@ inline int next_power_of_two(int64_t n) {
   return p;
 }
 
-// How the threads of a register kernel cover rows.
-struct RowTiling {
-  int width;           // threads per row: a power of two up to 32, or the whole block
-  int blocks_per_row;  // 1, or the blocks of one cluster that share a row, each holding a slice of it
-};
-
 struct RowPlan {
-  bool in_registers;  // false: the two-pass kernel, one block per row
+  bool in_registers;  // false: the two-pass kernels
   int iters;          // vectors per thread
   int threads;        // threads per block
-  RowTiling tiling;
+  int width;          // threads per row: a power of two up to 32, or the whole block
 };
 
-constexpr RowPlan kTwoPass = {false, 1, kLongRowThreads, {kLongRowThreads, 1}};
-
-// Where a thread's part of a row lies: the rows its group takes, and the column of each of its vectors. Blocks
-// that share a row (the ranks of a cluster) hold consecutive slices of it.
+// Where a thread of a register kernel finds its part of a row: the rows its group of `width` threads takes, and
+// the column of each of its vectors.
 struct RowCover {
   int64_t first_row_;
   int64_t row_step_;
-  int64_t slice_start_;
   int width_;
   int lane_;
 
-  __device__ RowCover(const RowTiling& tiling, int elements_per_thread)
-      : width_(tiling.width), lane_(threadIdx.x % tiling.width) {
-    const int rows_per_block = blockDim.x / tiling.width;
-    first_row_ = static_cast<int64_t>(blockIdx.x / tiling.blocks_per_row) * rows_per_block + threadIdx.x / tiling.width;
-    row_step_ = static_cast<int64_t>(gridDim.x / tiling.blocks_per_row) * rows_per_block;
-    slice_start_ = static_cast<int64_t>(blockIdx.x % tiling.blocks_per_row) * tiling.width * elements_per_thread;
+  __device__ explicit RowCover(int width) : width_(width), lane_(threadIdx.x % width) {
+    const int rows_per_block = blockDim.x / width;
+    first_row_ = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width;
+    row_step_ = static_cast<int64_t>(gridDim.x) * rows_per_block;
   }
 
   __device__ __forceinline__ int64_t first_row() const { return first_row_; }
   __device__ __forceinline__ int64_t row_step() const { return row_step_; }
   // The first column of the thread's i-th vector of `vec` elements.
   __device__ __forceinline__ int64_t column(int i, int vec) const {
-    return slice_start_ + (static_cast<int64_t>(i) * width_ + lane_) * vec;
+    return (static_cast<int64_t>(i) * width_ + lane_) * vec;
   }
+};
+
+// The part of a row a block of the two-pass kernels takes: one of `blocks_per_row` slices of whole vectors, in
+// the rank order of the blocks of a cluster, and the rows it takes one after another.
+struct RowSlice {
+  int64_t begin;
+  int64_t end;
+  int blocks_per_row;
+
+  __device__ RowSlice(int64_t cols, int vec, int blocks_per_row) : blocks_per_row(blocks_per_row) {
+    const int64_t vectors = (cols + vec - 1) / vec;
+    const int64_t width = (vectors + blocks_per_row - 1) / blocks_per_row * vec;
+    const int64_t start = static_cast<int64_t>(blockIdx.x % blocks_per_row) * width;
+    begin = start < cols ? start : cols;
+    end = start + width < cols ? start + width : cols;
+  }
+
+  __device__ __forceinline__ int64_t first_row() const { return blockIdx.x / blocks_per_row; }
+  __device__ __forceinline__ int64_t row_step() const { return gridDim.x / blocks_per_row; }
 };
 
 // Rows that one block (or a group of lanes) holds in registers, kTargetIters vectors per thread where the row
@@ -95,66 +104,61 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
   if (vectors <= kWarp * kTargetIters) {
     // Short rows: a group of lanes per row, so that a warp may hold many rows.
     const int width = next_power_of_two(std::min<int64_t>(ceil_div(vectors, kTargetIters), kWarp));
-    return {true, next_power_of_two(ceil_div(vectors, width)), kShortRowThreads, {width, 1}};
+    return {true, next_power_of_two(ceil_div(vectors, width)), kShortRowThreads, width};
   }
   for (int iters = kTargetIters; iters <= kMaxIters; iters *= 2) {
     const int threads = static_cast<int>(ceil_div(ceil_div(vectors, iters), kWarp) * kWarp);
-    if (threads <= max_threads_for(iters * registers_per_vector)) return {true, iters, threads, {threads, 1}};
+    if (threads <= max_threads_for(iters * registers_per_vector)) return {true, iters, threads, threads};
   }
-  return kTwoPass;
-}
-
-// Rows beyond one block's registers: split over the fewest blocks of a cluster (at most `cluster_blocks`) whose
-// slices each fit one block; `in_registers` is false when even that cannot hold the row.
-inline RowPlan plan_cluster(int64_t cols, int vec, int registers_per_vector, int cluster_blocks) {
-  for (int blocks = 2; blocks <= cluster_blocks; blocks *= 2) {
-    RowPlan slice = plan_block(ceil_div(cols, blocks), vec, registers_per_vector);
-    if (slice.in_registers && slice.tiling.width == slice.threads) {
-      slice.tiling.blocks_per_row = blocks;
-      return slice;
-    }
-  }
-  return kTwoPass;
+  return {false, 1, kLongRowThreads, kLongRowThreads};
 }
 
 // Grids stride over rows; this cap only guards the launch limit.
 constexpr int64_t kMaxBlocks = 1 << 30;
 
 inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
-  const int rows_per_block = plan.threads / plan.tiling.width;
-  const int64_t groups = std::min(ceil_div(rows, rows_per_block), kMaxBlocks / plan.tiling.blocks_per_row);
-  return static_cast<unsigned>(groups * plan.tiling.blocks_per_row);
+  return static_cast<unsigned>(std::min(ceil_div(rows, plan.threads / plan.width), kMaxBlocks));
 }
 
-// The most blocks a cluster may have for `kernel`: kMaxClusterBlocks where it runs sm_90 code, else 1.
-template <typename Kernel>
-int cluster_blocks_for(Kernel kernel) {
+// Launches kernel(p, blocks_per_row), a two-pass kernel. Where the kernel runs sm_90 code, a row without a causal
+// limit is split over the blocks of one cluster, enough (up to kMaxClusterBlocks) that a slice is at most
+// kSweepsPerSlice unrolled sweeps of a block: small slices are still in L2 when the second pass reads them, and a
+// row's work is spread over more multiprocessors. Otherwise, or where the device holds no such cluster, a block
+// takes a whole row. benchmarks/NOTES.md, v6: slices of one or two sweeps, and causal rows in clusters (most of
+// their slices hold only zeros), measured slower.
+template <typename Params>
+void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cudaStream_t stream) {
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  return attributes.binaryVersion >= 90 ? kMaxClusterBlocks : 1;
-}
-
-// kernel<<<blocks, threads, 0, stream>>>(args...) in clusters of `cluster_blocks` blocks. False, launching
-// nothing, when the device cannot hold one such cluster.
-template <typename... Params, typename... Args>
-bool launch_in_clusters(void (*kernel)(Params...), unsigned blocks, int threads, int cluster_blocks,
-                        cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cluster_blocks;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  int resident_clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
-  if (resident_clusters == 0) return false;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-  return true;
+  const int64_t slice = static_cast<int64_t>(kLongRowThreads) * kUnroll * vec * kSweepsPerSlice;
+  int blocks_per_row = 1;
+  if (attributes.binaryVersion >= 90 && !p.is_causal) {
+    blocks_per_row = std::min<int>(next_power_of_two(ceil_div(p.cols, slice)), kMaxClusterBlocks);
+  }
+  if (blocks_per_row > 8) {
+    // Beyond the portable 8 (the H100 and H200 allow 16).
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  for (; blocks_per_row > 1; blocks_per_row /= 2) {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = blocks_per_row;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
+    config.blockDim = dim3(kLongRowThreads);
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int resident_clusters = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
+    if (resident_clusters > 0) {
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
+      return;
+    }
+  }
+  kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.

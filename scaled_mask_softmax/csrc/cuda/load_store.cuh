@@ -25,12 +25,36 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, int64_t col)
   return *reinterpret_cast<const Vector<T, VEC>*>(row + col);
 }
 
+// One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
+// 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
+template <int VEC, typename T>
+__device__ __forceinline__ void store_bits(T* row, int64_t col, const Vector<T, VEC>& v) {
+  if constexpr (sizeof(v) == 16) {
+    uint32_t words[4];
+    memcpy(words, &v, sizeof(v));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(row + col), "r"(words[0]), "r"(words[1]),
+                 "r"(words[2]), "r"(words[3])
+                 : "memory");
+  } else {
+    *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
+  }
+}
+
 template <int VEC, typename acc_t, typename T>
 __device__ __forceinline__ void store_vector(T* row, int64_t col, const acc_t (&values)[VEC]) {
   Vector<T, VEC> v;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(values[i]);
-  *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
+  store_bits(row, col, v);
+}
+
+// Zeros in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
+template <int VEC, typename T>
+__device__ __forceinline__ void store_zeros(T* row, int64_t from, int64_t end, int64_t step) {
+  Vector<T, VEC> zeros;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) zeros.element[i] = T(0);
+  for (int64_t col = from; col < end; col += step) store_bits(row, col, zeros);
 }
 
 // An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
@@ -65,6 +89,9 @@ struct ScoreLoader {
     mask = static_cast<const mask_t*>(p.mask) + mask_start;
     visible_end = sms::visible_end(p, row);
   }
+
+  // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
+  __device__ __forceinline__ void clip(int64_t end) { visible_end = visible_end < end ? visible_end : end; }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {

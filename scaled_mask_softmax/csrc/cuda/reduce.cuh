@@ -2,7 +2,7 @@
 // blocks of a cluster.
 #pragma once
 
-#include <cooperative_groups.h>
+#include <cstdint>
 #include <cuda_runtime.h>
 
 namespace sms {
@@ -30,24 +30,105 @@ __device__ __forceinline__ unsigned group_lanes(int width) {
   return ((1u << width) - 1u) << first;
 }
 
-// `value` (the same in every thread of the block) reduced over the `blocks` blocks of this block's cluster,
-// through distributed shared memory. Every block combines the values in rank order, so all get the same result.
-template <typename T, typename Op>
-__device__ __forceinline__ T cluster_reduce(T value, Op op, T* slot, int blocks) {
+// The blocks of a cluster (sm_90) that share a row combine one value a row: each block sends its value into a
+// slot of every block's shared memory (st.async, which counts the bytes on the receiver's mbarrier) and combines
+// the slots in rank order once all have arrived, so every block gets the same result. A cluster barrier would do
+// it too, but its memory fence waits for all of the block's outstanding stores of y every row. Two sets of slots
+// alternate: a block may send the next row's value while another still reads this row's. Lives in shared memory;
+// every thread of every block of the cluster calls each member, the same number of times.
+template <typename T, int kMaxBlocks>
+struct ClusterExchange {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "sent as one st.async");
+  uint64_t arrived[2];
+  T slots[2][kMaxBlocks];
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (threadIdx.x == 0) *slot = value;
-  cluster.sync();
-  T result = *cluster.map_shared_rank(slot, 0);
-  for (int rank = 1; rank < blocks; ++rank) result = op(result, *cluster.map_shared_rank(slot, rank));
-  // No block may overwrite its slot, or exit, before every block has read it.
-  cluster.sync();
-  return result;
-#else
-  // Clusters need sm_90; the launch never asks for one elsewhere.
-  return value;
+  static __device__ __forceinline__ uint32_t address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  }
+
+  // Where `p` (in this block's shared memory) lies in the shared memory of the cluster's block `rank`.
+  static __device__ __forceinline__ uint32_t in_block(const void* p, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address(p)), "r"(rank));
+    return remote;
+  }
+
+  static __device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+  }
 #endif
-}
+
+  // Before the first exchange: no block may send before every block has set up its barriers.
+  __device__ __forceinline__ void start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(&arrived[i])));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_barrier();
+#endif
+  }
+
+  // `value` (the same in every thread of the block) combined over the `blocks` blocks by `op`; `round` counts the
+  // exchanges from 0.
+  template <typename Op>
+  __device__ __forceinline__ T reduce(const T& value, Op op, int blocks, int round) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int set = round & 1;
+    uint32_t rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(address(&arrived[set])),
+                   "r"(static_cast<uint32_t>(blocks * sizeof(T)))
+                   : "memory");
+    }
+    if (threadIdx.x < blocks) {
+      const uint32_t slot = in_block(&slots[set][rank], threadIdx.x);
+      const uint32_t barrier = in_block(&arrived[set], threadIdx.x);
+      uint32_t words[sizeof(T) / 4];
+      memcpy(words, &value, sizeof(T));
+      if constexpr (sizeof(T) == 4) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(slot),
+                     "r"(words[0]), "r"(barrier)
+                     : "memory");
+      } else if constexpr (sizeof(T) == 8) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(slot),
+                     "r"(words[0]), "r"(words[1]), "r"(barrier)
+                     : "memory");
+      } else {
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(slot),
+            "r"(words[0]), "r"(words[1]), "r"(words[2]), "r"(words[3]), "r"(barrier)
+            : "memory");
+      }
+    }
+    const uint32_t phase = (round >> 1) & 1;
+    uint32_t complete = 0;
+    while (!complete) {
+      asm volatile(
+          "{\n\t.reg .pred done;\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n\t"
+          "selp.u32 %0, 1, 0, done;\n\t}"
+          : "=r"(complete)
+          : "r"(address(&arrived[set])), "r"(phase)
+          : "memory");
+    }
+    T result = slots[set][0];
+    for (int b = 1; b < blocks; ++b) result = op(result, slots[set][b]);
+    return result;
+#else
+    // Clusters need sm_90; the launch never asks for one elsewhere.
+    return value;
+#endif
+  }
+
+  // After the last exchange: no block may exit while another may still send to it.
+  __device__ __forceinline__ void finish() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cluster_barrier();
+#endif
+  }
+};
 
 // Every thread of the row's group gets the reduction of `value`. Groups wider than a warp are whole blocks,
 // which go through `shared` (32 slots) and must all call this together.
