@@ -1,8 +1,9 @@
 """Runs every CUDA kernel variant once, forward and backward: for compute-sanitizer (scripts/sanitize.sh).
 
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
-loads (an odd row length), a group of lanes per row, a block per row in registers, the two-pass kernels, and the
-backward's cluster of blocks per row (20000; 40001 is past it for element-wise loads).
+loads (an odd row length), a group of lanes per row, a block per row in registers, and the two-pass kernels, a
+block per row (causal rows, and 20000 in 16-bit types) or split over the blocks of a cluster on sm_90 (20000 in
+fp32 and fp64, 65536 in every dtype, 40001 over 16 blocks for element-wise loads).
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys
@@ -13,7 +14,7 @@ import scaled_mask_softmax as sms
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000, 40001)
+ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000, 40001, 65536)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
 
