@@ -135,9 +135,11 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   if (attributes.binaryVersion >= 90 && !p.is_causal) {
     blocks_per_row = std::min<int>(next_power_of_two(ceil_div(p.cols, slice)), kMaxClusterBlocks);
   }
-  if (blocks_per_row > 8) {
-    // Beyond the portable 8 (the H100 and H200 allow 16).
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (blocks_per_row > 8 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
+    (void)cudaGetLastError();
+    blocks_per_row = 8;
   }
   for (; blocks_per_row > 1; blocks_per_row /= 2) {
     cudaLaunchAttribute cluster;
