@@ -36,11 +36,11 @@ __device__ __forceinline__ unsigned group_lanes(int width) {
 // it too, but its memory fence waits for all of the block's outstanding stores of y every row. Two sets of slots
 // alternate: a block may send the next row's value while another still reads this row's. Lives in shared memory;
 // every thread of every block of the cluster calls each member, the same number of times.
-template <typename T, int kMaxBlocks>
+template <typename T, int kMaxRanks>
 struct ClusterExchange {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "sent as one st.async");
   uint64_t arrived[2];
-  T slots[2][kMaxBlocks];
+  T slots[2][kMaxRanks];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static __device__ __forceinline__ uint32_t address(const void* p) {
