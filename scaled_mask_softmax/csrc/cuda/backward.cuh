@@ -42,19 +42,37 @@ struct GradientRow {
     visible_end = visible_end < slice_end ? visible_end : slice_end;
   }
 
+  // Issues the loads of the vector at `col`, which must lie before visible_end.
+  __device__ __forceinline__ void load(int64_t col, Raw& raw) const {
+    raw.y = load_vector<VEC>(y, col);
+    raw.dy = load_vector<VEC>(dy, col);
+  }
+
   // Keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
-    if (col < visible_end) {
-      raw.y = load_vector<VEC>(y, col);
-      raw.dy = load_vector<VEC>(dy, col);
-    }
+    if (col < visible_end) load(col, raw);
   }
 
   // How many of the vector's elements at `col` are visible: VEC or more for all but the one the limit cuts.
   __device__ __forceinline__ int64_t visible_in(int64_t col) const { return visible_end - col; }
 
+  __device__ __forceinline__ void gradient(const Raw& raw, acc_t row_dot, acc_t (&dx_values)[VEC]) const {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
+    }
+  }
+
   __device__ __forceinline__ acc_t product(const Raw& raw, int v) const {
     return static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+  }
+
+  // dot() of a vector wholly before visible_end.
+  __device__ __forceinline__ acc_t visible_dot(const Raw& raw) const {
+    acc_t sum = 0;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sum += product(raw, v);
+    return sum;
   }
 
   __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
@@ -68,14 +86,18 @@ struct GradientRow {
     return sum;
   }
 
+  // store_gradient() of a vector wholly before visible_end.
+  __device__ __forceinline__ void store_visible_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
+    acc_t dx_values[VEC];
+    gradient(raw, row_dot, dx_values);
+    store_vector<VEC>(dx, col, dx_values);
+  }
+
   // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
     if (col >= end) return;
     acc_t dx_values[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
-    }
+    gradient(raw, row_dot, dx_values);
     const int64_t visible = visible_in(col);
     if (kCausal && visible < VEC) {
 #pragma unroll
@@ -127,9 +149,20 @@ __global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const Backw
   for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
     Row g(p, row);
     g.clip(slice.end);
+    // Tiles starting at or before this lie wholly before the visible end: no checks per vector.
+    const int64_t last_whole_tile = g.visible_end - (kUnroll - 1) * step - VEC;
     acc_t local_dot = 0;
+    int64_t base = first;
 #pragma unroll 1
-    for (int64_t base = first; base < g.visible_end; base += kUnroll * step) {
+    for (; base <= last_whole_tile; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) g.load(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) local_dot += g.visible_dot(raw[u]);
+    }
+    if (base < g.visible_end) {
+      // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
       typename Row::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
@@ -138,14 +171,22 @@ __global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const Backw
     }
     acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
     if (blocks_per_row > 1) row_dot = exchange.reduce(row_dot, SumOp(), blocks_per_row, round++);
-    int64_t base = first;
+    base = first;
 #pragma unroll 1
-    for (; base < g.visible_end; base += kUnroll * step) {
+    for (; base <= last_whole_tile; base += kUnroll * step) {
+      typename Row::Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) g.load(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) g.store_visible_gradient(base + u * step, raw[u], row_dot);
+    }
+    if (base < g.visible_end) {
       typename Row::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) g.store_gradient(base + u * step, raw[u], row_dot);
+      base += kUnroll * step;
     }
     store_zeros<VEC>(g.dx, base, slice.end, step);
   }

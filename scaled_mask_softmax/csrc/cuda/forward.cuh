@@ -128,10 +128,37 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
   for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
     Loader loader(p, row);
     loader.clip(slice.end);
+    // Tiles starting at or before this lie wholly before the visible end: no checks per vector.
+    const int64_t last_whole_tile = loader.visible_end - (kUnroll - 1) * step - VEC;
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
+    auto add_scores = [&](const acc_t (&s)[VEC]) {
+      acc_t vector_max = kMasked;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
+      if (vector_max > local_max) {
+        local_sum *= exp_of(local_max - vector_max);
+        local_max = vector_max;
+      }
+      // Shifting by 0 while everything so far is masked keeps a NaN score NaN instead of dropping it.
+      const acc_t shift = local_max == kMasked ? acc_t(0) : local_max;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - shift);
+    };
+    int64_t base = first;
 #pragma unroll 1
-    for (int64_t base = first; base < loader.visible_end; base += kUnroll * step) {
+    for (; base <= last_whole_tile; base += kUnroll * step) {
+      typename Loader::Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) loader.load(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc_t s[VEC];
+        loader.visible_scores(raw[u], s);
+        add_scores(s);
+      }
+    }
+    if (base < loader.visible_end) {
       // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
       typename Loader::Raw raw[kUnroll] = {};
 #pragma unroll
@@ -140,17 +167,7 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
       for (int u = 0; u < kUnroll; ++u) {
         acc_t s[VEC];
         loader.scores(base + u * step, raw[u], s);
-        acc_t vector_max = kMasked;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
-        if (vector_max > local_max) {
-          local_sum *= exp_of(local_max - vector_max);
-          local_max = vector_max;
-        }
-        // Shifting by 0 while everything so far is masked keeps a NaN score NaN instead of dropping it.
-        const acc_t shift = local_max == kMasked ? acc_t(0) : local_max;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - shift);
+        add_scores(s);
       }
     }
     SoftmaxStats<acc_t> stats;
@@ -161,9 +178,25 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
     const acc_t shift = stats.max == kMasked ? acc_t(0) : stats.max;
     const acc_t inverse = stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum;
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-    int64_t base = first;
+    auto store_probabilities = [&](int64_t col, acc_t (&s)[VEC]) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
+      if (col < slice.end) store_vector<VEC>(y, col, s);
+    };
+    base = first;
 #pragma unroll 1
-    for (; base < loader.visible_end; base += kUnroll * step) {
+    for (; base <= last_whole_tile; base += kUnroll * step) {
+      typename Loader::Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) loader.load(base + u * step, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc_t s[VEC];
+        loader.visible_scores(raw[u], s);
+        store_probabilities(base + u * step, s);
+      }
+    }
+    if (base < loader.visible_end) {
       typename Loader::Raw raw[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
@@ -171,10 +204,9 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
       for (int u = 0; u < kUnroll; ++u) {
         acc_t s[VEC];
         loader.scores(base + u * step, raw[u], s);
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
-        if (base + u * step < slice.end) store_vector<VEC>(y, base + u * step, s);
+        store_probabilities(base + u * step, s);
       }
+      base += kUnroll * step;
     }
     store_zeros<VEC>(y, base, slice.end, step);
   }

@@ -93,12 +93,15 @@ struct ScoreLoader {
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(int64_t end) { visible_end = visible_end < end ? visible_end : end; }
 
+  // Issues the loads of the vector at `col`, which must lie before visible_end.
+  __device__ __forceinline__ void load(int64_t col, Raw& raw) const {
+    raw.x = load_vector<VEC>(x, col);
+    if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
+  }
+
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
-    if (col < visible_end) {
-      raw.x = load_vector<VEC>(x, col);
-      if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
-    }
+    if (col < visible_end) load(col, raw);
   }
 
   __device__ __forceinline__ static void reform_after(Raw& raw) {
@@ -106,13 +109,18 @@ struct ScoreLoader {
     if constexpr (kHasMask) sms::reform_after(raw.mask);
   }
 
-  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
-    constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+  // The scores of a vector wholly before visible_end.
+  __device__ __forceinline__ void visible_scores(const Raw& raw, acc_t (&s)[VEC]) const {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
       if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
     }
+  }
+
+  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
+    constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+    visible_scores(raw, s);
     if (col + VEC > visible_end) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
