@@ -11,6 +11,28 @@
 namespace sms {
 namespace {
 
+// forward_streamed where the device runs its sm_90 code and every row of x and the mask may be bulk-copied (16-byte
+// aligned, a multiple of 16 bytes); false otherwise.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  constexpr int kMaskBytes = has_mask_v<mask_t> ? sizeof(mask_t) : 0;
+  constexpr int kMaskVec = kMaskBytes == 0 ? 1 : 16 / kMaskBytes;
+  const int stages = ring_stages();
+  if (VEC * sizeof(scalar_t) != 16 || stages < 1) return false;
+  if (kMaskBytes != 0 && (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec,
+                                                                     kMaskBytes))) {
+    return false;
+  }
+  const RingLayout layout(p.cols, sizeof(scalar_t), kMaskBytes, plan.width, plan.threads, stages);
+  auto* kernel = forward_streamed<scalar_t, mask_t, VEC, ITERS>;
+  const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), plan.threads, layout.bytes());
+  if (resident == 0) return false;
+  const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(tiles, layout.groups), resident));
+  kernel<<<blocks, plan.threads, layout.bytes(), stream>>>(p, plan.width, stages);
+  return true;
+}
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -20,8 +42,11 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
-    forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value>
-        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+    constexpr int kIters = decltype(iters)::value;
+    if (!launch_streamed<scalar_t, mask_t, VEC, kIters>(p, plan, stream)) {
+      forward_in_registers<scalar_t, mask_t, VEC, kIters><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(
+          p, plan.width);
+    }
   });
 }
 

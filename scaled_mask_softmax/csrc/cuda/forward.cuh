@@ -5,6 +5,7 @@
 #include <ATen/OpMathType.h>
 
 #include "../params.h"
+#include "async_copy.cuh"
 #include "launch.h"
 #include "load_store.cuh"
 #include "reduce.cuh"
@@ -36,61 +37,151 @@ constexpr bool kReformsScores =
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
 
-// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
-// elements each; two reductions (max, sum), one read of x and mask, one write of y.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  // As many blocks as leave each thread 64 of the 65,536 registers.
-                                  kReformsScores<scalar_t, mask_t, VEC, ITERS>
-                                      ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
-                                      : 1) forward_in_registers(const ForwardParams p, const int width) {
+// One row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
+// elements each; two reductions (max, sum), one read of x and mask, one write of y (columns before `store_end`).
+// kReform: the scores are formed twice (kReformsScores).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, typename Loader>
+__device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, int width,
+                                                     at::opmath_type<scalar_t>* shared, scalar_t* y,
+                                                     int64_t store_end) {
   using acc_t = at::opmath_type<scalar_t>;
-  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
-  __shared__ acc_t shared[kWarp];
-  const RowCover cover(width);
   auto column = [&](int i) { return cover.column(i, VEC); };
-  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
-    const Loader loader(p, row);
-    typename Loader::Raw raw[ITERS];
+  typename Loader::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) loader.fetch(column(i), raw[i]);
-    acc_t s[ITERS][VEC];
-    acc_t local_max = kMasked;
+  for (int i = 0; i < ITERS; ++i) loader.fetch(column(i), raw[i]);
+  acc_t s[ITERS][VEC];
+  acc_t local_max = kMasked;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      loader.scores(column(i), raw[i], s[i]);
+  for (int i = 0; i < ITERS; ++i) {
+    loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
-    }
-    if constexpr (kReformsScores<scalar_t, mask_t, VEC, ITERS>) {
+    for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+  }
+  if constexpr (kReform) {
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) Loader::reform_after(raw[i]);
-    }
-    const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, width, shared);
-    // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
-    const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
-    acc_t local_sum = 0;
+    for (int i = 0; i < ITERS; ++i) Loader::reform_after(raw[i]);
+  }
+  const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, width, shared);
+  // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
+  const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
+  acc_t local_sum = 0;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      if constexpr (kReformsScores<scalar_t, mask_t, VEC, ITERS>) loader.scores(column(i), raw[i], s[i]);
+  for (int i = 0; i < ITERS; ++i) {
+    if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        s[i][v] = exp_of(s[i][v] - shift);
-        local_sum += s[i][v];
-      }
-    }
-    const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
-    const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
-    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      const int64_t col = column(i);
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
-      if (col < p.cols) store_vector<VEC>(y, col, s[i]);
+    for (int v = 0; v < VEC; ++v) {
+      s[i][v] = exp_of(s[i][v] - shift);
+      local_sum += s[i][v];
     }
   }
+  const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
+  const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int64_t col = column(i);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
+    if (col < store_end) store_vector<VEC>(y, col, s[i]);
+  }
+}
+
+// Threads per block and blocks per multiprocessor of the register kernels: as many blocks as leave each thread 64
+// of the 65,536 registers where the scores are formed twice.
+#define SMS_FORWARD_IN_REGISTERS_BOUNDS(scalar_t, mask_t, VEC, ITERS)                                   \
+  __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,                                        \
+                    kReformsScores<scalar_t, mask_t, VEC, ITERS>                                      \
+                        ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)                    \
+                        : 1)
+
+// Rows in registers, each group of `width` threads reading its rows from global memory one after another.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+__global__ void SMS_FORWARD_IN_REGISTERS_BOUNDS(scalar_t, mask_t, VEC, ITERS)
+    forward_in_registers(const ForwardParams p, const int width) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t shared[kWarp];
+  const RowCover cover(width);
+  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>>(
+        ScoreLoader<scalar_t, mask_t, acc_t, VEC>(p, row), cover, width, shared,
+        static_cast<scalar_t*>(p.y) + row * p.cols, p.cols);
+  }
+}
+
+// Rows in registers on sm_90, each group reading its tiles of rows from a ring in shared memory (RingLayout) that
+// bulk copies fill `stages` tiles ahead: the bytes in flight no longer depend on the registers each row holds or
+// on how long a row's reductions take. The grid holds only resident blocks. A slot is refilled once its rows are
+// done: refilled earlier, while the row's scores are held, the copy's address arithmetic spilled them.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
+    forward_streamed(const ForwardParams p, const int width, const int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using acc_t = at::opmath_type<scalar_t>;
+  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
+  constexpr bool kHasMask = has_mask_v<mask_t>;
+  extern __shared__ __align__(RingLayout::kAlign) unsigned char ring[];
+  __shared__ acc_t shared[kWarp];
+  const RingLayout layout(p.cols, sizeof(scalar_t), kHasMask ? sizeof(mask_t) : 0, width, blockDim.x, stages);
+  const int group = threadIdx.x / layout.group_threads;
+  const int rank = threadIdx.x % layout.group_threads;
+  const int row_in_tile = rank / width;
+  const int64_t tiles = (p.rows + layout.rows_per_tile - 1) / layout.rows_per_tile;
+  const int64_t tile_step = static_cast<int64_t>(gridDim.x) * layout.groups;
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * stages;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < layout.groups * stages; ++b) {
+      barrier_init(reinterpret_cast<uint64_t*>(ring) + b, layout.rows_per_tile);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+  auto x_slot = [&](int stage) { return ring + layout.slot(group, stage); };
+  // Thread `rank` of the group copies row `rank` of the tile, the visible keys only, and arrives on the barrier.
+  auto fill = [&](int stage, int64_t tile) {
+    if (tile >= tiles || rank >= layout.rows_per_tile) return;
+    const int64_t row = tile * layout.rows_per_tile + rank;
+    uint32_t x_bytes = 0;
+    int64_t x_start = 0, mask_start = 0;
+    if (row < p.rows) {
+      row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
+      x_bytes = static_cast<uint32_t>((visible_end(p, row) + VEC - 1) / VEC * VEC * sizeof(scalar_t));
+    }
+    const uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
+    barrier_arrive_expecting(&full[stage], x_bytes + mask_bytes);
+    if (x_bytes == 0) return;
+    unsigned char* slot = x_slot(stage);
+    bulk_copy(slot + rank * layout.x_row_bytes, static_cast<const scalar_t*>(p.x) + x_start, x_bytes, &full[stage]);
+    if constexpr (kHasMask) {
+      bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
+                static_cast<const mask_t*>(p.mask) + mask_start, mask_bytes, &full[stage]);
+    }
+  };
+  int64_t tile = static_cast<int64_t>(blockIdx.x) * layout.groups + group;
+  for (int stage = 0; stage < stages; ++stage) fill(stage, tile + stage * tile_step);
+  const RowCover cover(width);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (; tile < tiles; tile += tile_step) {
+    barrier_wait(&full[stage], phase);
+    const int64_t row = tile * layout.rows_per_tile + row_in_tile;
+    const bool in_rows = row < p.rows;
+    const unsigned char* slot = x_slot(stage);
+    const Loader loader(reinterpret_cast<const scalar_t*>(slot + row_in_tile * layout.x_row_bytes),
+                        reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
+                                                        row_in_tile * layout.mask_row_bytes),
+                        static_cast<acc_t>(p.scale), in_rows ? visible_end(p, row) : 0);
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false>(loader, cover, width, shared,
+                                                              static_cast<scalar_t*>(p.y) + row * p.cols,
+                                                              in_rows ? p.cols : 0);
+    // Wider groups are whole blocks, which the row's reductions have already synchronised.
+    if (layout.group_threads == kWarp) __syncwarp();
+    fill(stage, tile + stages * tile_step);
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+#endif
 }
 
 // A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).

@@ -6,7 +6,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
+
+#include "../params.h"
 
 namespace sms {
 
@@ -97,6 +103,41 @@ struct RowSlice {
   __device__ __forceinline__ int64_t row_step() const { return gridDim.x / blocks_per_row; }
 };
 
+// How the streamed kernels (sm_90) split a block: into groups of a warp, or one group of the whole block where a
+// row takes more than a warp. A group takes a tile of rows at a time, one row for each `width` of its threads,
+// and reads them from its own ring of `stages` slots in shared memory, which bulk copies fill a few tiles ahead.
+// A slot holds a tile's rows of x, then of the mask; the block's barriers, one a slot, come first.
+struct RingLayout {
+  int group_threads;
+  int rows_per_tile;
+  int groups;
+  int stages;
+  int64_t x_row_bytes;
+  int64_t mask_row_bytes;
+  int64_t slot_bytes;
+
+  static constexpr int64_t kAlign = 128;
+
+  SMS_HOST_DEVICE static int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+  SMS_HOST_DEVICE RingLayout(int64_t cols, int x_bytes, int mask_bytes, int width, int threads, int stages)
+      : group_threads(width < 32 ? 32 : width),
+        rows_per_tile(group_threads / width),
+        groups(threads / group_threads),
+        stages(stages),
+        x_row_bytes(cols * x_bytes),
+        mask_row_bytes(cols * mask_bytes),
+        slot_bytes(aligned(rows_per_tile * x_row_bytes) + aligned(rows_per_tile * mask_row_bytes)) {}
+
+  SMS_HOST_DEVICE int64_t barrier_bytes() const { return aligned(static_cast<int64_t>(groups) * stages * 8); }
+  SMS_HOST_DEVICE int64_t bytes() const { return barrier_bytes() + groups * stages * slot_bytes; }
+  // Where slot `stage` of group `group` starts, and its mask rows.
+  SMS_HOST_DEVICE int64_t slot(int group, int stage) const {
+    return barrier_bytes() + (static_cast<int64_t>(group) * stages + stage) * slot_bytes;
+  }
+  SMS_HOST_DEVICE int64_t mask_offset() const { return aligned(rows_per_tile * x_row_bytes); }
+};
+
 // Rows that one block (or a group of lanes) holds in registers, kTargetIters vectors per thread where the row
 // allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds).
 inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
@@ -161,6 +202,45 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
     }
   }
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
+}
+
+// Blocks of a streamed kernel (`threads` threads, `shared_bytes` of dynamic shared memory) resident at once on
+// all of the current device's multiprocessors; 0 where the kernel's code is not sm_90 or the memory does not fit.
+// Cached by device, kernel and size: the queries cost microseconds, and a call on a small tensor should not.
+inline int resident_blocks(const void* kernel, int threads, int64_t shared_bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int64_t>, int> cache;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(device, kernel, threads, shared_bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  int blocks = 0;
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  int optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (attributes.binaryVersion >= 90 && shared_bytes + attributes.sharedSizeBytes <= optin) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        optin - static_cast<int>(attributes.sharedSizeBytes)));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+    int multiprocessors = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    blocks *= multiprocessors;
+  }
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+// Slots in each ring of the streamed kernels: tiles a group has in flight. SCALED_MASK_SOFTMAX_STAGES overrides
+// it, 0 turning the streamed kernels off.
+inline int ring_stages() {
+  static const int stages = [] {
+    const char* value = std::getenv("SCALED_MASK_SOFTMAX_STAGES");
+    return value == nullptr ? 2 : std::atoi(value);
+  }();
+  return stages;
 }
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.

@@ -90,6 +90,10 @@ struct ScoreLoader {
     visible_end = sms::visible_end(p, row);
   }
 
+  // A row already in memory at `x` and `mask` (a slot of a ring in shared memory).
+  __device__ ScoreLoader(const scalar_t* x, const mask_t* mask, acc_t scale, int64_t visible_end)
+      : x(x), mask(mask), scale(scale), visible_end(visible_end) {}
+
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(int64_t end) { visible_end = visible_end < end ? visible_end : end; }
 
@@ -121,10 +125,13 @@ struct ScoreLoader {
   __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
     constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
     visible_scores(raw, s);
-    if (col + VEC > visible_end) {
+    // Compared as a count against constants: `col + i` for every element was hoisted out of the row loop, held
+    // in 64-bit registers.
+    const int64_t visible = visible_end - col;
+    if (visible < VEC) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        if (col + i >= visible_end) s[i] = kMasked;
+        if (i >= visible) s[i] = kMasked;
       }
     }
   }

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "async_copy.cuh"
+
 namespace sms {
 
 // A NaN may lose here, but every score also passes through the sum of exponentials, which it turns to NaN:
@@ -43,14 +45,10 @@ struct ClusterExchange {
   T slots[2][kMaxRanks];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static __device__ __forceinline__ uint32_t address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  }
-
   // Where `p` (in this block's shared memory) lies in the shared memory of the cluster's block `rank`.
   static __device__ __forceinline__ uint32_t in_block(const void* p, uint32_t rank) {
     uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address(p)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
     return remote;
   }
 
@@ -63,8 +61,8 @@ struct ClusterExchange {
   __device__ __forceinline__ void start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-      for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(&arrived[i])));
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int i = 0; i < 2; ++i) barrier_init(&arrived[i], 1);
+      barrier_init_fence();
     }
     cluster_barrier();
 #endif
@@ -78,11 +76,7 @@ struct ClusterExchange {
     const int set = round & 1;
     uint32_t rank;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    if (threadIdx.x == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(address(&arrived[set])),
-                   "r"(static_cast<uint32_t>(blocks * sizeof(T)))
-                   : "memory");
-    }
+    if (threadIdx.x == 0) barrier_arrive_expecting(&arrived[set], static_cast<uint32_t>(blocks * sizeof(T)));
     if (threadIdx.x < blocks) {
       const uint32_t slot = in_block(&slots[set][rank], threadIdx.x);
       const uint32_t barrier = in_block(&arrived[set], threadIdx.x);
@@ -103,16 +97,7 @@ struct ClusterExchange {
             : "memory");
       }
     }
-    const uint32_t phase = (round >> 1) & 1;
-    uint32_t complete = 0;
-    while (!complete) {
-      asm volatile(
-          "{\n\t.reg .pred done;\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n\t"
-          "selp.u32 %0, 1, 0, done;\n\t}"
-          : "=r"(complete)
-          : "r"(address(&arrived[set])), "r"(phase)
-          : "memory");
-    }
+    barrier_wait(&arrived[set], (round >> 1) & 1);
     T result = slots[set][0];
     for (int b = 1; b < blocks; ++b) result = op(result, slots[set][b]);
     return result;

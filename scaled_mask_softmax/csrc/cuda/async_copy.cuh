@@ -1,0 +1,59 @@
+// sm_90 copies into shared memory that run beside the threads: bulk copies from global memory (the tensor memory
+// accelerator) and st.async between the blocks of a cluster, each counting its bytes on an mbarrier in shared
+// memory that the receiving threads wait on.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace sms {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A barrier whose phase completes once `arrivals` threads have arrived and every byte they announced has landed.
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// Makes the barriers this thread initialised visible to the copies and to the cluster's other blocks.
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Arrives, announcing `bytes` still to land before the phase may complete.
+__device__ __forceinline__ void barrier_arrive_expecting(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase of parity `phase` (0 for the first, 1 for the second, ...) has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t phase) {
+  uint32_t complete = 0;
+  while (!complete) {
+    asm volatile(
+        "{\n\t.reg .pred done;\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, done;\n\t}"
+        : "=r"(complete)
+        : "r"(shared_address(barrier)), "r"(phase)
+        : "memory");
+  }
+}
+
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared memory;
+// they count on `barrier` as they land.
+__device__ __forceinline__ void bulk_copy(void* to_shared, const void* from_global, uint32_t bytes,
+                                          uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(to_shared)),
+      "l"(from_global), "r"(bytes), "r"(shared_address(barrier))
+      : "memory");
+}
+
+#endif
+
+}  // namespace sms
