@@ -11,26 +11,29 @@
 namespace sms {
 namespace {
 
-// forward_streamed where the device runs its sm_90 code and every row of x and the mask may be bulk-copied (16-byte
-// aligned, a multiple of 16 bytes); false otherwise.
+// forward_streamed where it measured faster (benchmarks/NOTES.md, v7: rows with a bool mask, and rows with any
+// mask that take more than a warp; rows without a mask or with a floating mask that fit a warp came out as fast or
+// faster from registers, rows with a causal limit slower), where the device runs its sm_90 code and where every
+// row of x and the mask may be bulk-copied (16-byte aligned, a multiple of 16 bytes); false otherwise.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
-  constexpr int kMaskBytes = has_mask_v<mask_t> ? sizeof(mask_t) : 0;
-  constexpr int kMaskVec = kMaskBytes == 0 ? 1 : 16 / kMaskBytes;
-  const int stages = ring_stages();
-  if (VEC * sizeof(scalar_t) != 16 || stages < 1) return false;
-  if (kMaskBytes != 0 && (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec,
-                                                                     kMaskBytes))) {
+  if constexpr (!has_mask_v<mask_t> || VEC * sizeof(scalar_t) != 16) {
     return false;
+  } else {
+    constexpr int kMaskVec = 16 / sizeof(mask_t);
+    if (p.is_causal || (!std::is_same_v<mask_t, bool> && plan.width <= kWarp)) return false;
+    if (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t))) {
+      return false;
+    }
+    const RingLayout layout(p.cols, sizeof(scalar_t), sizeof(mask_t), plan.width, plan.threads);
+    auto* kernel = forward_streamed<scalar_t, mask_t, VEC, ITERS>;
+    const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), plan.threads, layout.bytes());
+    if (resident == 0) return false;
+    const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(tiles, layout.groups), resident));
+    kernel<<<blocks, plan.threads, layout.bytes(), stream>>>(p, plan.width);
+    return true;
   }
-  const RingLayout layout(p.cols, sizeof(scalar_t), kMaskBytes, plan.width, plan.threads, stages);
-  auto* kernel = forward_streamed<scalar_t, mask_t, VEC, ITERS>;
-  const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), plan.threads, layout.bytes());
-  if (resident == 0) return false;
-  const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(tiles, layout.groups), resident));
-  kernel<<<blocks, plan.threads, layout.bytes(), stream>>>(p, plan.width, stages);
-  return true;
 }
 
 template <typename scalar_t, typename mask_t, int VEC>

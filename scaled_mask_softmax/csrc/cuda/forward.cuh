@@ -109,27 +109,27 @@ __global__ void SMS_FORWARD_IN_REGISTERS_BOUNDS(scalar_t, mask_t, VEC, ITERS)
 }
 
 // Rows in registers on sm_90, each group reading its tiles of rows from a ring in shared memory (RingLayout) that
-// bulk copies fill `stages` tiles ahead: the bytes in flight no longer depend on the registers each row holds or
+// bulk copies fill kRingStages tiles ahead: the bytes in flight no longer depend on the registers each row holds or
 // on how long a row's reductions take. The grid holds only resident blocks. A slot is refilled once its rows are
 // done: refilled earlier, while the row's scores are held, the copy's address arithmetic spilled them.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
-    forward_streamed(const ForwardParams p, const int width, const int stages) {
+    forward_streamed(const ForwardParams p, const int width) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr bool kHasMask = has_mask_v<mask_t>;
   extern __shared__ __align__(RingLayout::kAlign) unsigned char ring[];
   __shared__ acc_t shared[kWarp];
-  const RingLayout layout(p.cols, sizeof(scalar_t), kHasMask ? sizeof(mask_t) : 0, width, blockDim.x, stages);
+  const RingLayout layout(p.cols, sizeof(scalar_t), kHasMask ? sizeof(mask_t) : 0, width, blockDim.x);
   const int group = threadIdx.x / layout.group_threads;
   const int rank = threadIdx.x % layout.group_threads;
   const int row_in_tile = rank / width;
   const int64_t tiles = (p.rows + layout.rows_per_tile - 1) / layout.rows_per_tile;
   const int64_t tile_step = static_cast<int64_t>(gridDim.x) * layout.groups;
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * stages;
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * kRingStages;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < layout.groups * stages; ++b) {
+    for (int b = 0; b < layout.groups * kRingStages; ++b) {
       barrier_init(reinterpret_cast<uint64_t*>(ring) + b, layout.rows_per_tile);
     }
     barrier_init_fence();
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     }
   };
   int64_t tile = static_cast<int64_t>(blockIdx.x) * layout.groups + group;
-  for (int stage = 0; stage < stages; ++stage) fill(stage, tile + stage * tile_step);
+  for (int stage = 0; stage < kRingStages; ++stage) fill(stage, tile + stage * tile_step);
   const RowCover cover(width);
   int stage = 0;
   uint32_t phase = 0;
@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
                                                               in_rows ? p.cols : 0);
     // Wider groups are whole blocks, which the row's reductions have already synchronised.
     if (layout.group_threads == kWarp) __syncwarp();
-    fill(stage, tile + stages * tile_step);
-    if (++stage == stages) {
+    fill(stage, tile + kRingStages * tile_step);
+    if (++stage == kRingStages) {
       stage = 0;
       phase ^= 1;
     }

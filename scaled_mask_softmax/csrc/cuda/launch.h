@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -30,6 +29,10 @@ constexpr int kSweepsPerSlice = 4;
 // Vectors each thread of the register kernels aims to hold: 64 bytes of bf16 in flight per thread, and the
 // per-row work (finding where the row starts, the reductions) shared by enough elements.
 constexpr int kTargetIters = 4;
+
+// Slots in each ring of the streamed kernels: tiles a group has in flight (benchmarks/NOTES.md, v7: three measured
+// no faster than two).
+constexpr int kRingStages = 2;
 
 // Rows longer than one block holds: up to this many blocks of a thread-block cluster per row.
 constexpr int kMaxClusterBlocks = 16;
@@ -105,13 +108,12 @@ struct RowSlice {
 
 // How the streamed kernels (sm_90) split a block: into groups of a warp, or one group of the whole block where a
 // row takes more than a warp. A group takes a tile of rows at a time, one row for each `width` of its threads,
-// and reads them from its own ring of `stages` slots in shared memory, which bulk copies fill a few tiles ahead.
+// and reads them from its own ring of kRingStages slots in shared memory, which bulk copies fill tiles ahead.
 // A slot holds a tile's rows of x, then of the mask; the block's barriers, one a slot, come first.
 struct RingLayout {
   int group_threads;
   int rows_per_tile;
   int groups;
-  int stages;
   int64_t x_row_bytes;
   int64_t mask_row_bytes;
   int64_t slot_bytes;
@@ -120,20 +122,19 @@ struct RingLayout {
 
   SMS_HOST_DEVICE static int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-  SMS_HOST_DEVICE RingLayout(int64_t cols, int x_bytes, int mask_bytes, int width, int threads, int stages)
+  SMS_HOST_DEVICE RingLayout(int64_t cols, int x_bytes, int mask_bytes, int width, int threads)
       : group_threads(width < 32 ? 32 : width),
         rows_per_tile(group_threads / width),
         groups(threads / group_threads),
-        stages(stages),
         x_row_bytes(cols * x_bytes),
         mask_row_bytes(cols * mask_bytes),
         slot_bytes(aligned(rows_per_tile * x_row_bytes) + aligned(rows_per_tile * mask_row_bytes)) {}
 
-  SMS_HOST_DEVICE int64_t barrier_bytes() const { return aligned(static_cast<int64_t>(groups) * stages * 8); }
-  SMS_HOST_DEVICE int64_t bytes() const { return barrier_bytes() + groups * stages * slot_bytes; }
+  SMS_HOST_DEVICE int64_t barrier_bytes() const { return aligned(static_cast<int64_t>(groups) * kRingStages * 8); }
+  SMS_HOST_DEVICE int64_t bytes() const { return barrier_bytes() + groups * kRingStages * slot_bytes; }
   // Where slot `stage` of group `group` starts, and its mask rows.
   SMS_HOST_DEVICE int64_t slot(int group, int stage) const {
-    return barrier_bytes() + (static_cast<int64_t>(group) * stages + stage) * slot_bytes;
+    return barrier_bytes() + (static_cast<int64_t>(group) * kRingStages + stage) * slot_bytes;
   }
   SMS_HOST_DEVICE int64_t mask_offset() const { return aligned(rows_per_tile * x_row_bytes); }
 };
@@ -231,16 +232,6 @@ inline int resident_blocks(const void* kernel, int threads, int64_t shared_bytes
   }
   cache.emplace(key, blocks);
   return blocks;
-}
-
-// Slots in each ring of the streamed kernels: tiles a group has in flight. SCALED_MASK_SOFTMAX_STAGES overrides
-// it, 0 turning the streamed kernels off.
-inline int ring_stages() {
-  static const int stages = [] {
-    const char* value = std::getenv("SCALED_MASK_SOFTMAX_STAGES");
-    return value == nullptr ? 2 : std::atoi(value);
-  }();
-  return stages;
 }
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.
