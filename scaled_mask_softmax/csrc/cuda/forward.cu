@@ -11,9 +11,9 @@
 namespace sms {
 namespace {
 
-// forward_streamed where it measured faster (benchmarks/NOTES.md, v7: rows with a bool mask, and rows with any
-// mask that take more than a warp; rows without a mask or with a floating mask that fit a warp came out as fast or
-// faster from registers, rows with a causal limit slower), where the device runs its sm_90 code and where every
+// forward_streamed where it measured faster (benchmarks/NOTES.md, v7: rows with a bool mask, and rows with a
+// floating mask that take four warps or more; rows without a mask, with a floating mask on fewer warps, or with a
+// causal limit came out as fast or faster from registers), where the device runs its sm_90 code and where every
 // row of x and the mask may be bulk-copied (16-byte aligned, a multiple of 16 bytes); false otherwise.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
@@ -21,7 +21,7 @@ bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t s
     return false;
   } else {
     constexpr int kMaskVec = 16 / sizeof(mask_t);
-    if (p.is_causal || (!std::is_same_v<mask_t, bool> && plan.width <= kWarp)) return false;
+    if (p.is_causal || (!std::is_same_v<mask_t, bool> && plan.width < 4 * kWarp)) return false;
     if (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t))) {
       return false;
     }
