@@ -205,44 +205,6 @@ struct MergeStats {
   }
 };
 
-// Calls visit(col, scores) for each of a thread's vectors (at first, first + step, ...) before the loader's
-// visible end, kUnroll loaded before any is used: whole tiles of kUnroll without per-vector checks, then the
-// last, partial one. Returns the column of the thread's first vector past them.
-template <int VEC, typename Loader, typename Visit>
-__device__ __forceinline__ int64_t for_each_visible_vector(const Loader& loader, int64_t first, int64_t step,
-                                                           Visit visit) {
-  using acc_t = decltype(loader.scale);
-  // Tiles starting at or before this lie wholly before the visible end.
-  const int64_t last_whole_tile = loader.visible_end - (kUnroll - 1) * step - VEC;
-  int64_t base = first;
-#pragma unroll 1
-  for (; base <= last_whole_tile; base += kUnroll * step) {
-    typename Loader::Raw raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) loader.load(base + u * step, raw[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      acc_t s[VEC];
-      loader.visible_scores(raw[u], s);
-      visit(base + u * step, s);
-    }
-  }
-  if (base < loader.visible_end) {
-    // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
-    typename Loader::Raw raw[kUnroll] = {};
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) loader.fetch(base + u * step, raw[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      acc_t s[VEC];
-      loader.scores(base + u * step, raw[u], s);
-      visit(base + u * step, s);
-    }
-    base += kUnroll * step;
-  }
-  return base;
-}
-
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
@@ -265,7 +227,9 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
     loader.clip(slice.end);
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
-    for_each_visible_vector<VEC>(loader, first, step, [&](int64_t, const acc_t (&s)[VEC]) {
+    for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col, const auto& raw, auto whole) {
+      acc_t s[VEC];
+      loader.scores(col, raw, whole, s);
       acc_t vector_max = kMasked;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) vector_max = MaxOp()(vector_max, s[v]);
@@ -286,11 +250,13 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
     const acc_t shift = stats.max == kMasked ? acc_t(0) : stats.max;
     const acc_t inverse = stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum;
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-    const int64_t past = for_each_visible_vector<VEC>(loader, first, step, [&](int64_t col, const acc_t (&s)[VEC]) {
-      acc_t probabilities[VEC];
+    const int64_t past = for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col, const auto& raw,
+                                                                                       auto whole) {
+      acc_t s[VEC];
+      loader.scores(col, raw, whole, s);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) probabilities[v] = exp_of(s[v] - shift) * inverse;
-      if (col < slice.end) store_vector<VEC>(y, col, probabilities);
+      for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
+      if (col < slice.end) store_vector<VEC>(y, col, s);
     });
     store_zeros<VEC>(y, past, slice.end, step);
   }

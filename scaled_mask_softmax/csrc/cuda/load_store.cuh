@@ -67,6 +67,36 @@ __device__ __forceinline__ void reform_after(Vector<T, N>& vector) {
   for (int w = 0; w < static_cast<int>(sizeof(vector) / 4); ++w) asm volatile("" : "+r"(words[w]));
 }
 
+// Calls visit(col, raw, whole) for each of a thread's vectors of a row (at first, first + step, ...) before
+// `row.visible_end`, kUnroll loaded before any is used. Whole tiles of kUnroll are loaded without per-vector
+// checks (whole: std::true_type), the last, partial tile through fetch() (whole: std::false_type). Returns the
+// column of the thread's first vector past them. `Row` provides Raw, load(), fetch() and visible_end.
+template <int VEC, int kUnroll, typename Row, typename Visit>
+__device__ __forceinline__ int64_t for_each_visible_vector(const Row& row, int64_t first, int64_t step,
+                                                           Visit visit) {
+  // Tiles starting at or before this lie wholly before the visible end.
+  const int64_t last_whole_tile = row.visible_end - (kUnroll - 1) * step - VEC;
+  int64_t base = first;
+#pragma unroll 1
+  for (; base <= last_whole_tile; base += kUnroll * step) {
+    typename Row::Raw raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) row.load(base + u * step, raw[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) visit(base + u * step, raw[u], std::true_type{});
+  }
+  if (base < row.visible_end) {
+    // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
+    typename Row::Raw raw[kUnroll] = {};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) row.fetch(base + u * step, raw[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) visit(base + u * step, raw[u], std::false_type{});
+    base += kUnroll * step;
+  }
+  return base;
+}
+
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see.
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
 struct ScoreLoader {
@@ -119,6 +149,17 @@ struct ScoreLoader {
     for (int i = 0; i < VEC; ++i) {
       s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
       if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    }
+  }
+
+  // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be.
+  template <bool kWhole>
+  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, std::integral_constant<bool, kWhole>,
+                                         acc_t (&s)[VEC]) const {
+    if constexpr (kWhole) {
+      visible_scores(raw, s);
+    } else {
+      scores(col, raw, s);
     }
   }
 
