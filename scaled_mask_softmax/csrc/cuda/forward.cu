@@ -14,10 +14,12 @@ namespace {
 // forward_streamed where it measured faster (benchmarks/NOTES.md, v7: rows with a bool mask, and rows with a
 // floating mask that take four warps or more; rows without a mask, with a floating mask on fewer warps, or with a
 // causal limit came out as fast or faster from registers), where the device runs its sm_90 code and where every
-// row of x and the mask may be bulk-copied (16-byte aligned, a multiple of 16 bytes); false otherwise.
+// row of x and the mask may be bulk-copied (16-byte aligned, a multiple of 16 bytes); false otherwise. Rows of a
+// few vectors a thread and fp64 rows were not measured, and stay in the register kernels.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
-  if constexpr (!has_mask_v<mask_t> || VEC * sizeof(scalar_t) != 16) {
+  if constexpr (!has_mask_v<mask_t> || VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4 ||
+                ITERS < kTargetIters) {
     return false;
   } else {
     constexpr int kMaskVec = 16 / sizeof(mask_t);
