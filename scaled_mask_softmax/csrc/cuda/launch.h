@@ -123,7 +123,7 @@ struct RingLayout {
   SMS_HOST_DEVICE static int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
   SMS_HOST_DEVICE RingLayout(int64_t cols, int x_bytes, int mask_bytes, int width, int threads)
-      : group_threads(width < 32 ? 32 : width),
+      : group_threads(width < kWarp ? kWarp : width),
         rows_per_tile(group_threads / width),
         groups(threads / group_threads),
         x_row_bytes(cols * x_bytes),
