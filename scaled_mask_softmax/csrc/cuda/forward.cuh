@@ -86,18 +86,13 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-// Threads per block and blocks per multiprocessor of the register kernels: as many blocks as leave each thread 64
-// of the 65,536 registers where the scores are formed twice.
-#define SMS_FORWARD_IN_REGISTERS_BOUNDS(scalar_t, mask_t, VEC, ITERS)                                   \
-  __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,                                        \
-                    kReformsScores<scalar_t, mask_t, VEC, ITERS>                                      \
-                        ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)                    \
-                        : 1)
-
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void SMS_FORWARD_IN_REGISTERS_BOUNDS(scalar_t, mask_t, VEC, ITERS)
-    forward_in_registers(const ForwardParams p, const int width) {
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
+                                  // As many blocks as leave each thread 64 of the 65,536 registers.
+                                  kReformsScores<scalar_t, mask_t, VEC, ITERS>
+                                      ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
+                                      : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
