@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
   const int group = threadIdx.x / layout.group_threads;
   const int rank = threadIdx.x % layout.group_threads;
   const int row_in_tile = rank / width;
-  const int64_t tiles = (p.rows + layout.rows_per_tile - 1) / layout.rows_per_tile;
+  const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
   const int64_t tile_step = static_cast<int64_t>(gridDim.x) * layout.groups;
   uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * kRingStages;
   if (threadIdx.x == 0) {
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     barrier_init_fence();
   }
   __syncthreads();
-  auto x_slot = [&](int stage) { return ring + layout.slot(group, stage); };
+  auto slot_of = [&](int stage) { return ring + layout.slot(group, stage); };
   // Thread `rank` of the group copies row `rank` of the tile, the visible keys only, and arrives on the barrier.
   auto fill = [&](int stage, int64_t tile) {
     if (tile >= tiles || rank >= layout.rows_per_tile) return;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     const uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
     barrier_arrive_expecting(&full[stage], x_bytes + mask_bytes);
     if (x_bytes == 0) return;
-    unsigned char* slot = x_slot(stage);
+    unsigned char* slot = slot_of(stage);
     bulk_copy(slot + rank * layout.x_row_bytes, static_cast<const scalar_t*>(p.x) + x_start, x_bytes, &full[stage]);
     if constexpr (kHasMask) {
       bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     barrier_wait(&full[stage], phase);
     const int64_t row = tile * layout.rows_per_tile + row_in_tile;
     const bool in_rows = row < p.rows;
-    const unsigned char* slot = x_slot(stage);
+    const unsigned char* slot = slot_of(stage);
     const Loader loader(reinterpret_cast<const scalar_t*>(slot + row_in_tile * layout.x_row_bytes),
                         reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
                                                         row_in_tile * layout.mask_row_bytes),

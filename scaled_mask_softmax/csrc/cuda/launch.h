@@ -50,7 +50,7 @@ constexpr int registers_for(int vec, int operands) {
   return operands * vec * static_cast<int>(sizeof(T)) / 4 * (sizeof(T) == 8 ? 2 : 1);
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+SMS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline int next_power_of_two(int64_t n) {
   int p = 1;
@@ -95,7 +95,7 @@ struct RowSlice {
   int blocks_per_row;
 
   __device__ RowSlice(int64_t cols, int vec, int blocks_per_row) : blocks_per_row(blocks_per_row) {
-    const int64_t vectors = (cols + vec - 1) / vec;
+    const int64_t vectors = ceil_div(cols, vec);
     const int64_t width = (vectors + blocks_per_row - 1) / blocks_per_row * vec;
     const int64_t start = static_cast<int64_t>(blockIdx.x % blocks_per_row) * width;
     begin = start < cols ? start : cols;
