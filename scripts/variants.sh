@@ -2,7 +2,8 @@
 # Several builds compared on one GPU machine in one call, since the machine keeps nothing between calls:
 #   scripts/variants.sh pack main v8 ...   here: the sources of each git ref, to .variants/<ref>.tar
 #   scripts/variants.sh run [sweep args]   there: builds them side by side, checks each against the float64
-#                                          reference (check --quick), then sweeps them in turns, twice
+#                                          reference (check --quick), then sweeps them in turns, ROUNDS times
+#                                          (default 2)
 # Logs, sweep.jsonl and the table (benchmarks/sweep.py --table) go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ case "$action" in
         >"$OUT/check-$name.log" 2>&1
       echo "check $name: exit $? | $(tail -n 1 "$OUT/check-$name.log")"
     done
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
       for name in "${names[@]}"; do
         PYTHONPATH="/tmp/variants/$name" python3 benchmarks/sweep.py --tag "$name" --out "$OUT/sweep.jsonl" "$@" \
           >>"$OUT/sweep-$name.log" 2>&1 || echo "sweep $name (round $round): failed"
