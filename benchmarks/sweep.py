@@ -59,12 +59,13 @@ def main():
     parser.add_argument("--dtypes", type=lambda text: text.split(","), default=None)
     parser.add_argument("--variants", type=lambda text: text.split(","), default=None)
     parser.add_argument("--passes", type=lambda text: text.split(","), default=["fwd", "bwd"])
+    parser.add_argument("--device", default="cuda", help="cpu only to try the script")
     args = parser.parse_args()
     if args.table:
         print_table(args.table)
         return
 
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     copy = bench.copy_bytes_per_ms(device)
     generator = torch.Generator(device=device).manual_seed(0)
     out = open(args.out, "a") if args.out else None
@@ -86,7 +87,8 @@ def main():
             if out:
                 out.write(json.dumps(row) + "\n")
         del x, mask, y, dy
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
