@@ -14,8 +14,8 @@ case "$action" in
     rm -rf .variants && mkdir -p .variants
     for ref in "$@"; do git archive --format=tar -o ".variants/${ref//\//-}.tar" "$ref" || exit 1; done ;;
   run)
-    OUT="${OUT:-gpu-logs}"
-    mkdir -p "$OUT"
+    mkdir -p "${OUT:-gpu-logs}"
+    OUT="$(cd "${OUT:-gpu-logs}" && pwd)"
     names=()
     for tar in .variants/*.tar; do names+=("$(basename "$tar" .tar)"); done
     jobs=$(( $(nproc) / ${#names[@]} > 0 ? $(nproc) / ${#names[@]} : 1 ))
