@@ -5,7 +5,7 @@
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
 once per run. --table prints a file's cells side by side, a column per tag, the median of its runs.
-scripts/variants.sh sweeps each build in turns, twice.
+scripts/variants.sh sweeps each build in turns, ROUNDS times.
 """
 import argparse
 import collections
@@ -17,20 +17,13 @@ import torch
 from scaled_mask_softmax import bench, scaled_mask_softmax
 
 SCALE = 0.125
-WIDER_DTYPES_SHAPE = (8, 32, 1024, 1024)
 
 
 def cells(args):
-    """(shape, dtype, variant) of the default grid within the arguments' bounds."""
-    for shape, _ in bench.GRIDS["default"]:
-        if not args.min_cols <= shape[-1] <= args.max_cols:
-            continue
-        dtypes = ["bfloat16"] + (["float16", "float32"] if shape == WIDER_DTYPES_SHAPE else [])
-        for dtype in dtypes:
-            if args.dtypes and dtype not in args.dtypes:
-                continue
-            for variant in args.variants or list(bench.VARIANTS):
-                yield shape, getattr(torch, dtype), variant
+    """(shape, dtype name, variant) of the default grid within the arguments' bounds."""
+    grid = [(shape, dtypes) for shape, dtypes in bench.GRIDS["default"]
+            if args.min_cols <= shape[-1] <= args.max_cols]
+    return bench.cells(grid, args.dtypes, args.variants or tuple(bench.VARIANTS))
 
 
 def print_table(path):
@@ -69,8 +62,8 @@ def main():
     copy = bench.copy_bytes_per_ms(device)
     generator = torch.Generator(device=device).manual_seed(0)
     out = open(args.out, "a") if args.out else None
-    for shape, dtype, variant in cells(args):
-        x, mask, _, is_causal = bench.make_inputs(shape, dtype, variant, device, generator)
+    for shape, dtype_name, variant in cells(args):
+        x, mask, _, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
         y = scaled_mask_softmax(x, mask, SCALE, is_causal)
         dy = torch.randn_like(y)
         runs = {"fwd": lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
@@ -80,7 +73,7 @@ def main():
             floor_ms = bench.necessary_bytes(pass_name, shape, x.element_size(), is_causal,
                                              None if mask is None else tuple(mask.shape),
                                              0 if mask is None else mask.element_size()) / copy
-            row = {"tag": args.tag, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+            row = {"tag": args.tag, "shape": list(shape), "dtype": dtype_name,
                    "variant": variant, "pass": pass_name, "ours_ms": ms, "over_floor": ms / floor_ms}
             print(f"{args.tag:10} {'x'.join(map(str, shape)):18} {row['dtype']:9} {variant:11} {pass_name} "
                   f"{ms / floor_ms:5.2f}", flush=True)

@@ -115,5 +115,6 @@ def main():
     finally:
         dist.destroy_process_group()
 
+
 if __name__ == "__main__":
     main()

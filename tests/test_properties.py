@@ -218,9 +218,9 @@ def test_float16_scores_beyond_float16_range(device):
 @pytest.mark.parametrize("cols", [37, 1024])
 @pytest.mark.parametrize("offset", [60000.0, -60000.0, 70000.0, -70000.0, -1e30])
 def test_scores_far_from_zero(device, dtype, cols, offset):
-    """Every score of a row near one large value, either side of 65536, where CUDA changes how it forms
-    exp(s - max) (one fma, or a subtraction first), in x or in a float32 mask: the softmax of the scores as
-    formed in fp32, to fp32's tolerance (the reference, from exact scores, would need a large allowance here)."""
+    """Every score of a row near one large value, in x or in a float32 mask: the softmax of the scores as formed
+    in fp32, to fp32's tolerance (the reference, from exact scores, would need a large allowance here). Either side
+    of 65536, where exp(s - max) formed as one fma of s and max * log2(e) stops being exact enough."""
     generator = torch.Generator().manual_seed(cols)
     noise = torch.randn(4, cols, generator=generator, dtype=torch.float64)
     for x, mask in (((offset + noise).to(dtype), None),
