@@ -57,6 +57,24 @@ __device__ __forceinline__ void store_zeros(T* row, int64_t from, int64_t end, i
   for (int64_t col = from; col < end; col += step) store_bits(row, col, zeros);
 }
 
+// The elements of `vector` in acc_t. bf16 pairs are widened a 32-bit word at a time, one instruction an element
+// (a shift, or a mask of the high half); the element-wise conversion took one and a half.
+template <typename acc_t, typename T, int N>
+__device__ __forceinline__ void widen(const Vector<T, N>& vector, acc_t (&out)[N]) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<acc_t, float> && N % 2 == 0) {
+    uint32_t words[N / 2];
+    memcpy(words, &vector, sizeof(words));
+#pragma unroll
+    for (int w = 0; w < N / 2; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<acc_t>(vector.element[i]);
+  }
+}
+
 // An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
 // after, so they are formed again rather than held in registers in between.
 template <typename T, int N>
@@ -145,10 +163,17 @@ struct ScoreLoader {
 
   // The scores of a vector wholly before visible_end.
   __device__ __forceinline__ void visible_scores(const Raw& raw, acc_t (&s)[VEC]) const {
+    widen(raw.x, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
-      if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    for (int i = 0; i < VEC; ++i) s[i] *= scale;
+    if constexpr (std::is_same_v<mask_t, bool>) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    } else if constexpr (kHasMask) {
+      acc_t m[VEC];
+      widen(raw.mask, m);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += m[i];
     }
   }
 
