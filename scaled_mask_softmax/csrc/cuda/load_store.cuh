@@ -177,6 +177,34 @@ struct ScoreLoader {
     }
   }
 
+  // The max of the vector's scores. Without a mask, a wholly visible bf16 vector takes it on the packed pairs as
+  // loaded (sm_80's max.bf16x2, half an instruction an element, no widening): the max of x * scale is |scale|
+  // times the max of x with its sign bits flipped where scale < 0. Rounding is monotonic, so this is the max of
+  // the scores exactly; a NaN loses here as in MaxOp.
+  __device__ __forceinline__ acc_t max_score(int64_t col, const Raw& raw) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && !kHasMask && VEC % 2 == 0) {
+      if (visible_end - col >= VEC) {
+        uint32_t words[VEC / 2];
+        memcpy(words, &raw.x, sizeof(words));
+        const uint32_t flip = scale < 0 ? 0x80008000u : 0u;
+        uint32_t pair_max = words[0] ^ flip;
+#pragma unroll
+        for (int w = 1; w < VEC / 2; ++w) {
+          asm("max.bf16x2 %0, %1, %2;" : "=r"(pair_max) : "r"(pair_max), "r"(words[w] ^ flip));
+        }
+        return fabsf(scale) * fmaxf(__uint_as_float(pair_max << 16), __uint_as_float(pair_max & 0xffff0000u));
+      }
+    }
+#endif
+    acc_t s[VEC];
+    scores(col, raw, s);
+    acc_t max = s[0];
+#pragma unroll
+    for (int v = 1; v < VEC; ++v) max = fmax(max, s[v]);
+    return max;
+  }
+
   // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be.
   template <bool kWhole>
   __device__ __forceinline__ void scores(int64_t col, const Raw& raw, std::integral_constant<bool, kWhole>,
