@@ -54,9 +54,14 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   acc_t local_max = kMasked;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    loader.scores(column(i), raw[i], s[i]);
+    if constexpr (kReform) {
+      // The scores are formed again below: only their max is needed here.
+      local_max = MaxOp()(local_max, loader.max_score(column(i), raw[i]));
+    } else {
+      loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+      for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+    }
   }
   if constexpr (kReform) {
 #pragma unroll

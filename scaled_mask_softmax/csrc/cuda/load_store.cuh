@@ -57,6 +57,24 @@ __device__ __forceinline__ void store_zeros(T* row, int64_t from, int64_t end, i
   for (int64_t col = from; col < end; col += step) store_bits(row, col, zeros);
 }
 
+// The elements of `vector` in acc_t. bf16 pairs are widened a 32-bit word at a time, one instruction an element
+// (a shift, or a mask of the high half); the element-wise conversion took one and a half.
+template <typename acc_t, typename T, int N>
+__device__ __forceinline__ void widen(const Vector<T, N>& vector, acc_t (&out)[N]) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<acc_t, float> && N % 2 == 0) {
+    uint32_t words[N / 2];
+    memcpy(words, &vector, sizeof(words));
+#pragma unroll
+    for (int w = 0; w < N / 2; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<acc_t>(vector.element[i]);
+  }
+}
+
 // An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
 // after, so they are formed again rather than held in registers in between.
 template <typename T, int N>
@@ -145,11 +163,46 @@ struct ScoreLoader {
 
   // The scores of a vector wholly before visible_end.
   __device__ __forceinline__ void visible_scores(const Raw& raw, acc_t (&s)[VEC]) const {
+    widen(raw.x, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
-      if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    for (int i = 0; i < VEC; ++i) s[i] *= scale;
+    if constexpr (std::is_same_v<mask_t, bool>) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    } else if constexpr (kHasMask) {
+      acc_t m[VEC];
+      widen(raw.mask, m);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += m[i];
     }
+  }
+
+  // The max of the vector's scores. Without a mask, a wholly visible bf16 vector takes it on the packed pairs as
+  // loaded (sm_80's max.bf16x2, half an instruction an element, no widening): the max of x * scale is |scale|
+  // times the max of x with its sign bits flipped where scale < 0. Rounding is monotonic, so this is the max of
+  // the scores exactly; a NaN loses here as in MaxOp.
+  __device__ __forceinline__ acc_t max_score(int64_t col, const Raw& raw) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && !kHasMask && VEC % 2 == 0) {
+      if (visible_end - col >= VEC) {
+        uint32_t words[VEC / 2];
+        memcpy(words, &raw.x, sizeof(words));
+        const uint32_t flip = scale < 0 ? 0x80008000u : 0u;
+        uint32_t pair_max = words[0] ^ flip;
+#pragma unroll
+        for (int w = 1; w < VEC / 2; ++w) {
+          asm("max.bf16x2 %0, %1, %2;" : "=r"(pair_max) : "r"(pair_max), "r"(words[w] ^ flip));
+        }
+        return fabsf(scale) * fmaxf(__uint_as_float(pair_max << 16), __uint_as_float(pair_max & 0xffff0000u));
+      }
+    }
+#endif
+    acc_t s[VEC];
+    scores(col, raw, s);
+    acc_t max = s[0];
+#pragma unroll
+    for (int v = 1; v < VEC; ++v) max = fmax(max, s[v]);
+    return max;
   }
 
   // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be.
