@@ -214,6 +214,24 @@ def test_float16_scores_beyond_float16_range(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [37, 1024])
+@pytest.mark.parametrize("offset", [60000.0, -60000.0, 70000.0, -70000.0, -1e30])
+def test_scores_far_from_zero(device, dtype, cols, offset):
+    """Every score of a row near one large value, either side of 65536, where CUDA changes how it forms
+    exp(s - max) (one fma, or a subtraction first), in x or in a float32 mask: the softmax of the scores as
+    formed in fp32, to fp32's tolerance (the reference, from exact scores, would need a large allowance here)."""
+    generator = torch.Generator().manual_seed(cols)
+    noise = torch.randn(4, cols, generator=generator, dtype=torch.float64)
+    for x, mask in (((offset + noise).to(dtype), None),
+                    (noise.to(dtype), torch.full((4, cols), offset, dtype=torch.float32))):
+        scores = x.float() if mask is None else x.float() + mask
+        expected = torch.softmax(scores.double(), dim=-1)
+        y = sms.scaled_mask_softmax(x.to(device), None if mask is None else mask.to(device))
+        assert_close_to(y, expected, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [5, 3000, 20000])
 def test_negative_infinity_in_x_is_masked(device, dtype, cols):

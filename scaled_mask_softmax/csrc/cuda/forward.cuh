@@ -12,19 +12,51 @@
 
 namespace sms {
 
-template <typename T>
-__device__ __forceinline__ T exp_of(T v);
-// ex2.approx (2 ulp) after one multiply: the score precision is what limits fp32 accuracy, not this. The .ftz
-// form flushes results below 2^-126 to 0 (terms that no sum holding the row's max, 1, can see) and saves
-// __expf's three instructions a call that keep subnormal results.
-template <>
-__device__ __forceinline__ float exp_of(float v) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^v by ex2.approx (2 ulp): the score precision is what limits fp32 accuracy, not this. The .ftz form flushes
+// results below 2^-126 to 0 (terms that no sum holding the row's max, 1, can see) and saves __expf's three
+// instructions a call that keep subnormal results.
+__device__ __forceinline__ float exp2_approx(float v) {
   float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(v * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(v));
   return result;
 }
+
+template <typename T>
+__device__ __forceinline__ T exp_of(T v);
+template <>
+__device__ __forceinline__ float exp_of(float v) { return exp2_approx(v * kLog2e); }
 template <>
 __device__ __forceinline__ double exp_of(double v) { return exp(v); }
+
+// exp(s - shift) for the scores s of one row.
+template <typename acc_t>
+struct SubtractedExp {
+  acc_t shift;
+  __device__ __forceinline__ acc_t operator()(acc_t s) const { return exp_of(s - shift); }
+};
+
+// The same in fp32 as 2^(s * log2(e) - shift * log2(e)): one fma before ex2 instead of a subtraction and a
+// multiply. Rounding shift * log2(e) by some d scales every term of the row by 2^-d, which dividing by their sum
+// cancels, so only terms normalised by their own sum may be formed this way; and only while 2^-d stays near 1:
+// |shift| <= kLimit keeps |d| within 2^-8 (a row all masked with finfo.min shifts by -3.4e38, where d would
+// be 2^102 if the product did not overflow).
+struct FusedExp {
+  static constexpr float kLimit = 65536.0f;
+  float shift_log2;
+  __device__ __forceinline__ explicit FusedExp(float shift) : shift_log2(shift * kLog2e) {}
+  __device__ __forceinline__ float operator()(float s) const { return exp2_approx(fmaf(s, kLog2e, -shift_log2)); }
+};
+
+// Calls body(exp_shifted) with the fastest of the above that is exact enough for a row shifted by `shift`.
+template <typename acc_t, typename Body>
+__device__ __forceinline__ void with_row_exp(acc_t shift, Body&& body) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (fabsf(shift) <= FusedExp::kLimit) return body(FusedExp(shift));
+  }
+  body(SubtractedExp<acc_t>{shift});
+}
 
 // bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
@@ -71,14 +103,22 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
   const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
   acc_t local_sum = 0;
+  auto exponentiate = [&](const auto& exp_shifted) {
 #pragma unroll
-  for (int i = 0; i < ITERS; ++i) {
-    if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
+    for (int i = 0; i < ITERS; ++i) {
+      if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      s[i][v] = exp_of(s[i][v] - shift);
-      local_sum += s[i][v];
+      for (int v = 0; v < VEC; ++v) {
+        s[i][v] = exp_shifted(s[i][v]);
+        local_sum += s[i][v];
+      }
     }
+  };
+  if constexpr (kReform) {
+    // One way only: compiled both ways, the kernel no longer fits its 64 registers.
+    exponentiate(SubtractedExp<acc_t>{shift});
+  } else {
+    with_row_exp(shift, exponentiate);
   }
   const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
   const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
