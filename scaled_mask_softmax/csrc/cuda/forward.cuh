@@ -176,6 +176,10 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
   }
   __syncthreads();
   auto slot_of = [&](int stage) { return ring + layout.slot(group, stage); };
+  // The whole mask row each slot holds for this thread's row of its tile (-1: none). A mask broadcast over rows
+  // (a key-padding mask over heads and queries) holds the same row for many tiles, which is then not copied again.
+  static_assert(kRingStages == 2, "one variable a slot");
+  int64_t held_mask[2] = {-1, -1};
   // Thread `rank` of the group copies row `rank` of the tile, the visible keys only, and arrives on the barrier.
   auto fill = [&](int stage, int64_t tile) {
     if (tile >= tiles || rank >= layout.rows_per_tile) return;
@@ -186,14 +190,25 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
       row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
       x_bytes = static_cast<uint32_t>((visible_end(p, row) + VEC - 1) / VEC * VEC * sizeof(scalar_t));
     }
-    const uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
+    uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
+    const bool whole_mask_row = mask_bytes == layout.mask_row_bytes;
+    const int64_t held = stage == 0 ? held_mask[0] : held_mask[1];
+    if (whole_mask_row && held == mask_start) mask_bytes = 0;
     barrier_arrive_expecting(&full[stage], x_bytes + mask_bytes);
     if (x_bytes == 0) return;
     unsigned char* slot = slot_of(stage);
     bulk_copy(slot + rank * layout.x_row_bytes, static_cast<const scalar_t*>(p.x) + x_start, x_bytes, &full[stage]);
     if constexpr (kHasMask) {
-      bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
-                static_cast<const mask_t*>(p.mask) + mask_start, mask_bytes, &full[stage]);
+      if (mask_bytes != 0) {
+        bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
+                  static_cast<const mask_t*>(p.mask) + mask_start, mask_bytes, &full[stage]);
+        const int64_t now_held = whole_mask_row ? mask_start : -1;
+        if (stage == 0) {
+          held_mask[0] = now_held;
+        } else {
+          held_mask[1] = now_held;
+        }
+      }
     }
   };
   int64_t tile = static_cast<int64_t>(blockIdx.x) * layout.groups + group;
