@@ -48,9 +48,12 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   }
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
-    if (!launch_streamed<scalar_t, mask_t, VEC, kIters>(p, plan, stream)) {
-      forward_in_registers<scalar_t, mask_t, VEC, kIters><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(
-          p, plan.width);
+    if (launch_streamed<scalar_t, mask_t, VEC, kIters>(p, plan, stream)) return;
+    const unsigned blocks = blocks_for(p.rows, plan);
+    if (p.is_causal) {
+      forward_in_registers<scalar_t, mask_t, VEC, kIters, true><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
+    } else {
+      forward_in_registers<scalar_t, mask_t, VEC, kIters, false><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
     }
   });
 }

@@ -71,8 +71,10 @@ constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::op
 
 // One row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y (columns before `store_end`).
-// kReform: the scores are formed twice (kReformsScores).
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, typename Loader>
+// kReform: the scores are formed twice (kReformsScores). kSkipHidden: vectors wholly past the visible keys (a
+// causal row's) take no exponentials; a branch per vector, which costs some kernels registers, so only causal rows
+// take it.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, int width,
                                                      at::opmath_type<scalar_t>* shared, scalar_t* y,
                                                      int64_t store_end) {
@@ -106,11 +108,16 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   auto exponentiate = [&](const auto& exp_shifted) {
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
-      if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
+      if (!kSkipHidden || column(i) < loader.visible_end) {
+        if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        s[i][v] = exp_shifted(s[i][v]);
-        local_sum += s[i][v];
+        for (int v = 0; v < VEC; ++v) {
+          s[i][v] = exp_shifted(s[i][v]);
+          local_sum += s[i][v];
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) s[i][v] = 0;
       }
     }
   };
@@ -131,8 +138,9 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-// Rows in registers, each group of `width` threads reading its rows from global memory one after another.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+// Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
+// the rows have a causal limit.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   // As many blocks as leave each thread 64 of the 65,536 registers.
                                   kReformsScores<scalar_t, mask_t, VEC, ITERS>
@@ -142,7 +150,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>>(
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC>(p, row), cover, width, shared,
         static_cast<scalar_t*>(p.y) + row * p.cols, p.cols);
   }
@@ -225,7 +233,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
                         reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
                                                         row_in_tile * layout.mask_row_bytes),
                         static_cast<acc_t>(p.scale), in_rows ? visible_end(p, row) : 0);
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false>(loader, cover, width, shared,
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false, false>(loader, cover, width, shared,
                                                               static_cast<scalar_t*>(p.y) + row * p.cols,
                                                               in_rows ? p.cols : 0);
     // Wider groups are whole blocks, which the row's reductions have already synchronised.
