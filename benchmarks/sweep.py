@@ -1,0 +1,93 @@
+"""Ours alone over the benchmark grid, as time over the floor: the quick measure for comparing builds.
+
+    python benchmarks/sweep.py --tag main --out sweep.jsonl [--min-cols 1024] [--variants bias,causal]
+    python benchmarks/sweep.py --table sweep.jsonl
+
+Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
+once per run. --table prints a file's cells side by side, a column per tag, the median of its runs.
+scripts/variants.sh sweeps each build in turns, twice.
+"""
+import argparse
+import collections
+import json
+import statistics
+
+import torch
+
+from scaled_mask_softmax import bench, scaled_mask_softmax
+
+SCALE = 0.125
+WIDER_DTYPES_SHAPE = (8, 32, 1024, 1024)
+
+
+def cells(args):
+    """(shape, dtype, variant) of the default grid within the arguments' bounds."""
+    for shape, _ in bench.GRIDS["default"]:
+        if not args.min_cols <= shape[-1] <= args.max_cols:
+            continue
+        dtypes = ["bfloat16"] + (["float16", "float32"] if shape == WIDER_DTYPES_SHAPE else [])
+        for dtype in dtypes:
+            if args.dtypes and dtype not in args.dtypes:
+                continue
+            for variant in args.variants or list(bench.VARIANTS):
+                yield shape, getattr(torch, dtype), variant
+
+
+def print_table(path):
+    """A row per cell, a column per tag: time over the floor, the median of the tag's runs of the cell."""
+    runs = collections.defaultdict(list)
+    tags = []
+    for line in open(path):
+        row = json.loads(line)
+        tags += [row["tag"]] if row["tag"] not in tags else []
+        cell = ("x".join(map(str, row["shape"])), row["dtype"], row["variant"], row["pass"])
+        runs[cell, row["tag"]].append(row["over_floor"])
+    print(f"{'cell':45}" + "".join(f"{tag:>10}" for tag in tags))
+    for cell in dict.fromkeys(cell for cell, _ in runs):
+        figures = [runs.get((cell, tag)) for tag in tags]
+        print(f"{' '.join(cell):45}" + "".join(f"{statistics.median(f):10.3f}" if f else f"{'-':>10}"
+                                                for f in figures))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--table", help="print this JSON-lines file's cells side by side, and time nothing")
+    parser.add_argument("--tag", default="", help="names the build in the output")
+    parser.add_argument("--out", help="a JSON-lines file to append to")
+    parser.add_argument("--min-cols", type=int, default=0)
+    parser.add_argument("--max-cols", type=int, default=1 << 30)
+    parser.add_argument("--dtypes", type=lambda text: text.split(","), default=None)
+    parser.add_argument("--variants", type=lambda text: text.split(","), default=None)
+    parser.add_argument("--passes", type=lambda text: text.split(","), default=["fwd", "bwd"])
+    args = parser.parse_args()
+    if args.table:
+        print_table(args.table)
+        return
+
+    device = torch.device("cuda")
+    copy = bench.copy_bytes_per_ms(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    out = open(args.out, "a") if args.out else None
+    for shape, dtype, variant in cells(args):
+        x, mask, _, is_causal = bench.make_inputs(shape, dtype, variant, device, generator)
+        y = scaled_mask_softmax(x, mask, SCALE, is_causal)
+        dy = torch.randn_like(y)
+        runs = {"fwd": lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
+                "bwd": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal)}
+        for pass_name in args.passes:
+            ms = bench.median_ms(runs[pass_name], device)
+            floor_ms = bench.necessary_bytes(pass_name, shape, x.element_size(), is_causal,
+                                             None if mask is None else tuple(mask.shape),
+                                             0 if mask is None else mask.element_size()) / copy
+            row = {"tag": args.tag, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+                   "variant": variant, "pass": pass_name, "ours_ms": ms, "over_floor": ms / floor_ms}
+            print(f"{args.tag:10} {'x'.join(map(str, shape)):18} {row['dtype']:9} {variant:11} {pass_name} "
+                  f"{ms / floor_ms:5.2f}", flush=True)
+            if out:
+                out.write(json.dumps(row) + "\n")
+        del x, mask, y, dy
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
