@@ -123,12 +123,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
       }
     }
   };
-  if constexpr (kReform) {
-    // One way only: compiled both ways, the kernel no longer fits its 64 registers.
-    exponentiate(SubtractedExp<acc_t>{shift});
-  } else {
-    with_row_exp(shift, exponentiate);
-  }
+  with_row_exp(shift, exponentiate);
   const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
   const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
 #pragma unroll
