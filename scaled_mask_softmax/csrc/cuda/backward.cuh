@@ -120,11 +120,11 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t
   const RowCover cover(width);
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Row g(p, row);
-    // Zeroed first, as in the forward: left unset where fetch() loads nothing, it cost registers (ptxas, sm_90:
-    // bf16 at four vectors a thread 84 -> 64).
-    typename Row::Raw raw[ITERS] = {};
+    // Every vector loaded, clamped, as in the forward: left unset where a conditional load brought nothing, the
+    // array cost registers (ptxas, sm_90: bf16 at four vectors a thread 84 against 64).
+    typename Row::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) g.fetch(cover.column(i, VEC), raw[i]);
+    for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(g, cover.column(i, VEC), raw[i]);
     acc_t local_dot = 0;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);

@@ -81,11 +81,12 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   auto column = [&](int i) { return cover.column(i, VEC); };
-  // Zeroed first: left unset where fetch() loads nothing, it cost up to twice the registers (ptxas, sm_90: bf16
-  // with a bool mask at four vectors a thread 128 -> 65, without a mask 64 and a 28-byte spill -> 63).
-  typename Loader::Raw raw[ITERS] = {};
+  // Every vector loaded, clamped: left unset where a conditional load brought nothing, the array cost up to twice
+  // the registers (ptxas, sm_90: bf16 with a bool mask at four vectors a thread 128 against 65); zeroed first, it
+  // cost a merge of every 16-bit element.
+  typename Loader::Raw raw[ITERS];
 #pragma unroll
-  for (int i = 0; i < ITERS; ++i) loader.fetch(column(i), raw[i]);
+  for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(loader, column(i), raw[i]);
   acc_t s[ITERS][VEC];
   acc_t local_max = kMasked;
 #pragma unroll

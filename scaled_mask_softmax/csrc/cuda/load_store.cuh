@@ -115,6 +115,15 @@ __device__ __forceinline__ int64_t for_each_visible_vector(const Row& row, int64
   return base;
 }
 
+// Issues the loads of `row`'s vector at `col` or, past the visible keys, of its last visible vector (its first if
+// none is visible): in bounds with no branch or predicate, and what they bring past the visible keys is masked
+// after. `Row` provides Raw, load() and visible_end.
+template <int VEC, typename Row>
+__device__ __forceinline__ void load_clamped(const Row& row, int64_t col, typename Row::Raw& raw) {
+  const int64_t last = row.visible_end > 0 ? (row.visible_end - 1) / VEC * VEC : 0;
+  row.load(col < last ? col : last, raw);
+}
+
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see.
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
 struct ScoreLoader {
