@@ -152,8 +152,12 @@ struct ScoreLoader {
   __device__ ScoreLoader(const ForwardParams& p, int64_t row) : scale(static_cast<acc_t>(p.scale)) {
     int64_t x_start, mask_start;
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-    x = row_address(static_cast<const scalar_t*>(p.x) + x_start);
-    mask = row_address(static_cast<const mask_t*>(p.mask) + mask_start);
+    x = static_cast<const scalar_t*>(p.x) + x_start;
+    mask = static_cast<const mask_t*>(p.mask) + mask_start;
+    if constexpr (std::is_same_v<Index, int>) {
+      x = row_address(x);
+      mask = row_address(mask);
+    }
     visible_end = static_cast<Index>(sms::visible_end(p, row));
   }
 
