@@ -77,7 +77,7 @@ constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::op
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, int width,
                                                      at::opmath_type<scalar_t>* shared, scalar_t* y,
-                                                     int64_t store_end) {
+                                                     int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   auto column = [&](int i) { return cover.column(i, VEC); };
@@ -129,7 +129,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    const int64_t col = column(i);
+    const int col = column(i);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
     if (col < store_end) store_vector<VEC>(y, col, s[i]);
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   const RowCover cover(width);
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
-        ScoreLoader<scalar_t, mask_t, acc_t, VEC>(p, row), cover, width, shared,
-        static_cast<scalar_t*>(p.y) + row * p.cols, p.cols);
+        ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, width, shared,
+        static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
   }
 }
 
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     forward_streamed(const ForwardParams p, const int width) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
-  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
+  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>;
   constexpr bool kHasMask = has_mask_v<mask_t>;
   extern __shared__ __align__(RingLayout::kAlign) unsigned char ring[];
   __shared__ acc_t shared[kWarp];
@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
     const Loader loader(reinterpret_cast<const scalar_t*>(slot + row_in_tile * layout.x_row_bytes),
                         reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
                                                         row_in_tile * layout.mask_row_bytes),
-                        static_cast<acc_t>(p.scale), in_rows ? visible_end(p, row) : 0);
+                        static_cast<acc_t>(p.scale), in_rows ? static_cast<int>(visible_end(p, row)) : 0);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false, false>(loader, cover, width, shared,
                                                               static_cast<scalar_t*>(p.y) + row * p.cols,
-                                                              in_rows ? p.cols : 0);
+                                                              in_rows ? static_cast<int>(p.cols) : 0);
     // Wider groups are whole blocks, which the row's reductions have already synchronised.
     if (layout.group_threads == kWarp) __syncwarp();
     fill(stage, tile + kRingStages * tile_step);

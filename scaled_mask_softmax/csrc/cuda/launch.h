@@ -81,10 +81,8 @@ struct RowCover {
 
   __device__ __forceinline__ int64_t first_row() const { return first_row_; }
   __device__ __forceinline__ int64_t row_step() const { return row_step_; }
-  // The first column of the thread's i-th vector of `vec` elements.
-  __device__ __forceinline__ int64_t column(int i, int vec) const {
-    return (static_cast<int64_t>(i) * width_ + lane_) * vec;
-  }
+  // The first column of the thread's i-th vector of `vec` elements (rows in registers are far shorter than 2^31).
+  __device__ __forceinline__ int column(int i, int vec) const { return (i * width_ + lane_) * vec; }
 };
 
 // The part of a row a block of the two-pass kernels takes: one of `blocks_per_row` slices of whole vectors, in
