@@ -5,7 +5,6 @@
 #include <ATen/OpMathType.h>
 
 #include "../params.h"
-#include "async_copy.cuh"
 #include "launch.h"
 #include "load_store.cuh"
 #include "reduce.cuh"
@@ -152,97 +151,6 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, width, shared,
         static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
   }
-}
-
-// Rows in registers on sm_90, each group reading its tiles of rows from a ring in shared memory (RingLayout) that
-// bulk copies fill kRingStages tiles ahead: the bytes in flight no longer depend on the registers each row holds or
-// on how long a row's reductions take. The grid holds only resident blocks. A slot is refilled once its rows are
-// done: refilled earlier, while the row's scores are held, the copy's address arithmetic spilled them.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
-    forward_streamed(const ForwardParams p, const int width) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using acc_t = at::opmath_type<scalar_t>;
-  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>;
-  constexpr bool kHasMask = has_mask_v<mask_t>;
-  extern __shared__ __align__(RingLayout::kAlign) unsigned char ring[];
-  __shared__ acc_t shared[kWarp];
-  const RingLayout layout(p.cols, sizeof(scalar_t), kHasMask ? sizeof(mask_t) : 0, width, blockDim.x);
-  const int group = threadIdx.x / layout.group_threads;
-  const int rank = threadIdx.x % layout.group_threads;
-  const int row_in_tile = rank / width;
-  const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
-  const int64_t tile_step = static_cast<int64_t>(gridDim.x) * layout.groups;
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * kRingStages;
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < layout.groups * kRingStages; ++b) {
-      barrier_init(reinterpret_cast<uint64_t*>(ring) + b, layout.rows_per_tile);
-    }
-    barrier_init_fence();
-  }
-  __syncthreads();
-  auto slot_of = [&](int stage) { return ring + layout.slot(group, stage); };
-  // The whole mask row each slot holds for this thread's row of its tile (-1: none). A mask broadcast over rows
-  // (a key-padding mask over heads and queries) holds the same row for many tiles, which is then not copied again.
-  static_assert(kRingStages == 2, "one variable a slot");
-  int64_t held_mask[2] = {-1, -1};
-  // Thread `rank` of the group copies row `rank` of the tile, the visible keys only, and arrives on the barrier.
-  auto fill = [&](int stage, int64_t tile) {
-    if (tile >= tiles || rank >= layout.rows_per_tile) return;
-    const int64_t row = tile * layout.rows_per_tile + rank;
-    uint32_t x_bytes = 0;
-    int64_t x_start = 0, mask_start = 0;
-    if (row < p.rows) {
-      row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-      x_bytes = static_cast<uint32_t>((visible_end(p, row) + VEC - 1) / VEC * VEC * sizeof(scalar_t));
-    }
-    uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
-    const bool whole_mask_row = mask_bytes == layout.mask_row_bytes;
-    const int64_t held = stage == 0 ? held_mask[0] : held_mask[1];
-    if (whole_mask_row && held == mask_start) mask_bytes = 0;
-    barrier_arrive_expecting(&full[stage], x_bytes + mask_bytes);
-    if (x_bytes == 0) return;
-    unsigned char* slot = slot_of(stage);
-    bulk_copy(slot + rank * layout.x_row_bytes, static_cast<const scalar_t*>(p.x) + x_start, x_bytes, &full[stage]);
-    if constexpr (kHasMask) {
-      if (mask_bytes != 0) {
-        bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
-                  static_cast<const mask_t*>(p.mask) + mask_start, mask_bytes, &full[stage]);
-        const int64_t now_held = whole_mask_row ? mask_start : -1;
-        if (stage == 0) {
-          held_mask[0] = now_held;
-        } else {
-          held_mask[1] = now_held;
-        }
-      }
-    }
-  };
-  int64_t tile = static_cast<int64_t>(blockIdx.x) * layout.groups + group;
-  for (int stage = 0; stage < kRingStages; ++stage) fill(stage, tile + stage * tile_step);
-  const RowCover cover(width);
-  int stage = 0;
-  uint32_t phase = 0;
-  for (; tile < tiles; tile += tile_step) {
-    barrier_wait(&full[stage], phase);
-    const int64_t row = tile * layout.rows_per_tile + row_in_tile;
-    const bool in_rows = row < p.rows;
-    const unsigned char* slot = slot_of(stage);
-    const Loader loader(reinterpret_cast<const scalar_t*>(slot + row_in_tile * layout.x_row_bytes),
-                        reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
-                                                        row_in_tile * layout.mask_row_bytes),
-                        static_cast<acc_t>(p.scale), in_rows ? static_cast<int>(visible_end(p, row)) : 0);
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false, false>(loader, cover, width, shared,
-                                                              static_cast<scalar_t*>(p.y) + row * p.cols,
-                                                              in_rows ? static_cast<int>(p.cols) : 0);
-    // Wider groups are whole blocks, which the row's reductions have already synchronised.
-    if (layout.group_threads == kWarp) __syncwarp();
-    fill(stage, tile + kRingStages * tile_step);
-    if (++stage == kRingStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-#endif
 }
 
 // A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).

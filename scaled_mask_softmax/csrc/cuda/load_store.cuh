@@ -161,10 +161,6 @@ struct ScoreLoader {
     visible_end = static_cast<Index>(sms::visible_end(p, row));
   }
 
-  // A row already in memory at `x` and `mask` (a slot of a ring in shared memory).
-  __device__ ScoreLoader(const scalar_t* x, const mask_t* mask, acc_t scale, Index visible_end)
-      : x(x), mask(mask), scale(scale), visible_end(visible_end) {}
-
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(Index end) { visible_end = visible_end < end ? visible_end : end; }
 
