@@ -80,6 +80,19 @@ SMS_HOST_DEVICE void row_starts(const RowShape& shape, int64_t row, const RowStr
   }
 }
 
+// The order in which the CUDA kernels take rows: visit v is row (v % outer) * inner + v / outer, so that the
+// `outer` rows that read one row of a mask broadcast over the outermost dim (a bias over the batch) run together,
+// and all but the first find it in L2. outer = 1 (the default): row v.
+struct RowOrder {
+  Divisor outer;
+  int64_t inner = 0;
+
+  SMS_HOST_DEVICE int64_t row(int64_t visit) const {
+    const int64_t quotient = outer.quotient(visit);
+    return (visit - quotient * outer.value) * inner + quotient;
+  }
+};
+
 // y = softmax(x * scale + mask) over rows of `cols` elements; y is contiguous (row r starts at r * cols).
 struct ForwardParams {
   const void* x;
@@ -90,6 +103,7 @@ struct ForwardParams {
   RowShape shape;
   RowStrides x_strides;
   RowStrides mask_strides;
+  RowOrder order;
   // Row r holds query r % queries; with is_causal, key j is visible to query i iff j <= i + causal_offset.
   Divisor queries;
   bool is_causal;

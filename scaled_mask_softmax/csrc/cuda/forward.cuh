@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
-  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
+  for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
+    const int64_t row = p.order.row(visit);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, width, shared,
         static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
   int round = 0;
-  for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
+  for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
+    const int64_t row = p.order.row(visit);
     Loader loader(p, row);
     loader.clip(slice.end);
     acc_t local_max = kMasked;
