@@ -68,6 +68,15 @@ constexpr bool kReformsScores =
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
 
+// Kernels held to 64 registers a thread, as many blocks as that leaves room for: those that reform their scores, and
+// 16-bit rows of up to four vectors a thread (blocks of up to 512 threads, two of which then fit a multiprocessor
+// where one did at 65-80 registers; benchmarks/NOTES.md, v9) whose mask, if any, is 16-bit or bool. Causal rows
+// and float32 masks spill at 64.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS> ||
+                                (sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && !kCausal &&
+                                 (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
+
 // One row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y (columns before `store_end`).
 // kReform: the scores are formed twice (kReformsScores). kSkipHidden: vectors wholly past the visible keys (a
@@ -139,8 +148,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
 // the rows have a causal limit.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  // As many blocks as leave each thread 64 of the 65,536 registers.
-                                  kReformsScores<scalar_t, mask_t, VEC, ITERS>
+                                  kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
                                       ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
                                       : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
