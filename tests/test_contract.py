@@ -47,7 +47,7 @@ def test_row_lengths(device, dtype, cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-# 4096: 16-bit rows of four warps, which take a floating mask through the streamed kernel on sm_90.
+# Rows of a group of lanes, of a warp, of four warps (4096 in 16 bits) and of whole blocks.
 @pytest.mark.parametrize("cols", [64, 37, 3000, 4096, 20000])
 @pytest.mark.parametrize("mask_form", ["keys", "query_keys", "padding", "padding_bool", "heads_bias", "full",
                                        "full_bool", "expanded", "float32_bias", "key_column"])

@@ -81,10 +81,10 @@ inline bool collapse_rows(const std::vector<at::Tensor>& operands, RowShape& sha
       merge = strides[k].stride[shape.dims - 1] == operands[k].stride(d) * sizes[d];
     }
     if (merge) {
-      shape.size[shape.dims - 1] *= sizes[d];
+      shape.size[shape.dims - 1] = Divisor(shape.size[shape.dims - 1].value * sizes[d]);
     } else {
       if (shape.dims == kMaxOuterDims) return false;
-      shape.size[shape.dims++] = sizes[d];
+      shape.size[shape.dims++] = Divisor(sizes[d]);
     }
     for (size_t k = 0; k < operands.size(); ++k) strides[k].stride[shape.dims - 1] = operands[k].stride(d);
   }
@@ -114,9 +114,9 @@ inline void check_x(const at::Tensor& x, bool is_causal, std::string_view causal
 // Row r holds query r % Sq; "lower_right" aligns the last query with the last key.
 template <typename Params>
 void set_causal_limit(const at::Tensor& scores, bool is_causal, std::string_view causal_variant, Params& p) {
-  p.queries = scores.dim() >= 2 ? scores.size(-2) : 1;
+  p.queries = Divisor(scores.dim() >= 2 ? scores.size(-2) : 1);
   p.is_causal = is_causal;
-  p.causal_offset = causal_variant == "lower_right" ? scores.size(-1) - p.queries : 0;
+  p.causal_offset = causal_variant == "lower_right" ? scores.size(-1) - p.queries.value : 0;
 }
 
 // Fills `p` for x (and the returned tensors, which must outlive the launch) and allocates y.
@@ -149,6 +149,15 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
+  p.order = RowOrder{};
+  if (mask.kind != MaskKind::kNone && p.shape.dims > 1 && p.mask_strides.stride[0] == 0 &&
+      p.shape.size[0].value > 1) {
+    // The mask's rows repeat over the outermost dim; where they differ within it (a bias, not a padding mask
+    // broadcast over everything), take each mask row's repeats together.
+    bool varies_within = false;
+    for (int d = 1; d < p.shape.dims; ++d) varies_within = varies_within || p.mask_strides.stride[d] != 0;
+    if (varies_within) p.order = RowOrder{p.shape.size[0], p.rows / p.shape.size[0].value};
+  }
   set_causal_limit(x, is_causal, causal_variant, p);
   p.scale = scale;
   return {x, mask.expanded, y, mask.kind};

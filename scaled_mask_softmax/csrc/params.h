@@ -18,9 +18,42 @@ namespace sms {
 // neighbours merged wherever every operand allows it; six is more than any real attention layout needs.
 constexpr int kMaxOuterDims = 6;
 
+// n / d and n % d for a divisor d fixed before the launch. For n and d below 2^31, a multiply-high, an add and a
+// shift (Granlund and Montgomery's round-up method, as in PyTorch's IntDivider), where a 32-bit division takes
+// about twenty instructions on a GPU; 64-bit division otherwise.
+struct Divisor {
+  int64_t value = 1;
+  uint32_t magic = 1;  // 0: divide in 64 bits
+  int shift = 0;
+
+  Divisor() = default;
+
+  // On the host: the shift and the magic number of d >= 1 (d = 0, an empty dim, is never divided by).
+  explicit Divisor(int64_t d) : value(d), magic(0) {
+    if (d < 1 || d >= (int64_t{1} << 31)) return;
+    while ((int64_t{1} << shift) < d) ++shift;
+    magic = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d) / d + 1);
+  }
+
+  SMS_HOST_DEVICE int64_t quotient(int64_t n) const {
+    if (magic != 0 && (n >> 31) == 0) {
+      const uint32_t n32 = static_cast<uint32_t>(n);
+#if defined(__CUDA_ARCH__)
+      const uint32_t high = __umulhi(n32, magic);
+#else
+      const uint32_t high = static_cast<uint32_t>((static_cast<uint64_t>(n32) * magic) >> 32);
+#endif
+      return (high + n32) >> shift;
+    }
+    return n / value;
+  }
+
+  SMS_HOST_DEVICE int64_t remainder(int64_t n) const { return n - quotient(n) * value; }
+};
+
 struct RowShape {
   int dims;
-  int64_t size[kMaxOuterDims];
+  Divisor size[kMaxOuterDims];
 };
 
 // One operand's strides over RowShape; within a row every operand is contiguous.
@@ -28,25 +61,15 @@ struct RowStrides {
   int64_t stride[kMaxOuterDims];
 };
 
-// a % b and a / b for non-negative a, b: in 32 bits when both fit, several times cheaper than 64-bit division.
-SMS_HOST_DEVICE int64_t remainder_of(int64_t a, int64_t b) {
-  if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) % static_cast<uint32_t>(b);
-  return a % b;
-}
-
-SMS_HOST_DEVICE int64_t quotient_of(int64_t a, int64_t b) {
-  if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
-  return a / b;
-}
-
 // Where row `row` starts in two operands that share `shape`.
 SMS_HOST_DEVICE void row_starts(const RowShape& shape, int64_t row, const RowStrides& a, const RowStrides& b,
                                 int64_t& a_start, int64_t& b_start) {
   a_start = 0;
   b_start = 0;
   for (int d = shape.dims - 1; d > 0; --d) {
-    const int64_t index = remainder_of(row, shape.size[d]);
-    row = quotient_of(row, shape.size[d]);
+    const int64_t next = shape.size[d].quotient(row);
+    const int64_t index = row - next * shape.size[d].value;
+    row = next;
     a_start += index * a.stride[d];
     b_start += index * b.stride[d];
   }
@@ -56,6 +79,19 @@ SMS_HOST_DEVICE void row_starts(const RowShape& shape, int64_t row, const RowStr
     b_start += row * b.stride[0];
   }
 }
+
+// The order in which the CUDA kernels take rows: visit v is row (v % outer) * inner + v / outer, so that the
+// `outer` rows that read one row of a mask broadcast over the outermost dim (a bias over the batch) run together,
+// and all but the first find it in L2. outer = 1 (the default): row v.
+struct RowOrder {
+  Divisor outer;
+  int64_t inner = 0;
+
+  SMS_HOST_DEVICE int64_t row(int64_t visit) const {
+    const int64_t quotient = outer.quotient(visit);
+    return (visit - quotient * outer.value) * inner + quotient;
+  }
+};
 
 // y = softmax(x * scale + mask) over rows of `cols` elements; y is contiguous (row r starts at r * cols).
 struct ForwardParams {
@@ -67,8 +103,9 @@ struct ForwardParams {
   RowShape shape;
   RowStrides x_strides;
   RowStrides mask_strides;
+  RowOrder order;
   // Row r holds query r % queries; with is_causal, key j is visible to query i iff j <= i + causal_offset.
-  int64_t queries;
+  Divisor queries;
   bool is_causal;
   int64_t causal_offset;
   double scale;
@@ -85,7 +122,7 @@ struct BackwardParams {
   RowStrides y_strides;
   RowStrides dy_strides;
   // As in ForwardParams: hidden keys are never read and get zero gradient.
-  int64_t queries;
+  Divisor queries;
   bool is_causal;
   int64_t causal_offset;
   double scale;
@@ -95,7 +132,7 @@ struct BackwardParams {
 template <typename Params>
 SMS_HOST_DEVICE int64_t visible_end(const Params& p, int64_t row) {
   if (!p.is_causal) return p.cols;
-  const int64_t end = remainder_of(row, p.queries) + p.causal_offset + 1;
+  const int64_t end = p.queries.remainder(row) + p.causal_offset + 1;
   return end < 0 ? 0 : (end > p.cols ? p.cols : end);
 }
 

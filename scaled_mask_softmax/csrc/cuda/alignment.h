@@ -22,7 +22,7 @@ inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
   int64_t stride = cols;
   for (int d = shape.dims - 1; d >= 0; --d) {
     strides.stride[d] = stride;
-    stride *= shape.size[d];
+    stride *= shape.size[d].value;
   }
   return strides;
 }

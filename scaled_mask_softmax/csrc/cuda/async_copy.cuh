@@ -1,6 +1,5 @@
-// sm_90 copies into shared memory that run beside the threads: bulk copies from global memory (the tensor memory
-// accelerator) and st.async between the blocks of a cluster, each counting its bytes on an mbarrier in shared
-// memory that the receiving threads wait on.
+// sm_90 mbarriers in shared memory, for copies that run beside the threads: st.async between the blocks of a
+// cluster counts its bytes on the receiver's barrier, which the receiving threads wait on.
 #pragma once
 
 #include <cstdint>
@@ -41,17 +40,6 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t phase) 
         : "r"(shared_address(barrier)), "r"(phase)
         : "memory");
   }
-}
-
-// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared memory;
-// they count on `barrier` as they land.
-__device__ __forceinline__ void bulk_copy(void* to_shared, const void* from_global, uint32_t bytes,
-                                          uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          shared_address(to_shared)),
-      "l"(from_global), "r"(bytes), "r"(shared_address(barrier))
-      : "memory");
 }
 
 #endif

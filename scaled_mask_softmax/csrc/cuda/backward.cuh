@@ -57,33 +57,33 @@ struct GradientRow {
   __device__ __forceinline__ int64_t visible_in(int64_t col) const { return visible_end - col; }
 
   __device__ __forceinline__ void gradient(const Raw& raw, acc_t row_dot, acc_t (&dx_values)[VEC]) const {
+    acc_t y_values[VEC], dy_values[VEC];
+    widen(raw.y, y_values);
+    widen(raw.dy, dy_values);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      dx_values[v] = scale * static_cast<acc_t>(raw.y.element[v]) * (static_cast<acc_t>(raw.dy.element[v]) - row_dot);
-    }
+    for (int v = 0; v < VEC; ++v) dx_values[v] = scale * y_values[v] * (dy_values[v] - row_dot);
   }
 
-  __device__ __forceinline__ acc_t product(const Raw& raw, int v) const {
-    return static_cast<acc_t>(raw.y.element[v]) * static_cast<acc_t>(raw.dy.element[v]);
+  // The sum of dy * y over the vector's first `count` elements (count >= VEC: all).
+  __device__ __forceinline__ acc_t products(const Raw& raw, int64_t count) const {
+    acc_t y_values[VEC], dy_values[VEC];
+    widen(raw.y, y_values);
+    widen(raw.dy, dy_values);
+    acc_t sum = 0;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      if (count >= VEC || v < count) sum += y_values[v] * dy_values[v];
+    }
+    return sum;
   }
 
   // dot() of a vector wholly before visible_end.
-  __device__ __forceinline__ acc_t visible_dot(const Raw& raw) const {
-    acc_t sum = 0;
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) sum += product(raw, v);
-    return sum;
-  }
+  __device__ __forceinline__ acc_t visible_dot(const Raw& raw) const { return products(raw, VEC); }
 
   __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
     const int64_t visible = visible_in(col);
     if (visible <= 0) return 0;
-    acc_t sum = 0;
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if (!kCausal || visible >= VEC || v < visible) sum += product(raw, v);
-    }
-    return sum;
+    return products(raw, kCausal ? visible : VEC);
   }
 
   // store_gradient() of a vector wholly before visible_end.
@@ -120,9 +120,11 @@ __global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t
   const RowCover cover(width);
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     const Row g(p, row);
+    // Every vector loaded, clamped, as in the forward: left unset where a conditional load brought nothing, the
+    // array cost registers (ptxas, sm_90: bf16 at four vectors a thread 84 against 64).
     typename Row::Raw raw[ITERS];
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) g.fetch(cover.column(i, VEC), raw[i]);
+    for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(g, cover.column(i, VEC), raw[i]);
     acc_t local_dot = 0;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);

@@ -11,33 +11,6 @@
 namespace sms {
 namespace {
 
-// forward_streamed where it measured faster (benchmarks/NOTES.md, v7: rows with a bool mask, and rows with a
-// floating mask that take four warps or more; rows without a mask, with a floating mask on fewer warps, or with a
-// causal limit came out as fast or faster from registers), where the device runs its sm_90 code and where every
-// row of x and the mask may be bulk-copied (16-byte aligned, a multiple of 16 bytes); false otherwise. Rows of a
-// few vectors a thread and fp64 rows were not measured, and stay in the register kernels.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-bool launch_streamed(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
-  if constexpr (!has_mask_v<mask_t> || VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4 ||
-                ITERS < kTargetIters) {
-    return false;
-  } else {
-    constexpr int kMaskVec = 16 / sizeof(mask_t);
-    if (p.is_causal || (!std::is_same_v<mask_t, bool> && plan.width < 4 * kWarp)) return false;
-    if (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t))) {
-      return false;
-    }
-    const RingLayout layout(p.cols, sizeof(scalar_t), sizeof(mask_t), plan.width, plan.threads);
-    auto* kernel = forward_streamed<scalar_t, mask_t, VEC, ITERS>;
-    const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), plan.threads, layout.bytes());
-    if (resident == 0) return false;
-    const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(tiles, layout.groups), resident));
-    kernel<<<blocks, plan.threads, layout.bytes(), stream>>>(p, plan.width);
-    return true;
-  }
-}
-
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -48,9 +21,11 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   }
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
-    if (!launch_streamed<scalar_t, mask_t, VEC, kIters>(p, plan, stream)) {
-      forward_in_registers<scalar_t, mask_t, VEC, kIters><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(
-          p, plan.width);
+    const unsigned blocks = blocks_for(p.rows, plan);
+    if (p.is_causal) {
+      forward_in_registers<scalar_t, mask_t, VEC, kIters, true><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
+    } else {
+      forward_in_registers<scalar_t, mask_t, VEC, kIters, false><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
     }
   });
 }

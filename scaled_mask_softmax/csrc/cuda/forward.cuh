@@ -5,26 +5,57 @@
 #include <ATen/OpMathType.h>
 
 #include "../params.h"
-#include "async_copy.cuh"
 #include "launch.h"
 #include "load_store.cuh"
 #include "reduce.cuh"
 
 namespace sms {
 
-template <typename T>
-__device__ __forceinline__ T exp_of(T v);
-// ex2.approx (2 ulp) after one multiply: the score precision is what limits fp32 accuracy, not this. The .ftz
-// form flushes results below 2^-126 to 0 (terms that no sum holding the row's max, 1, can see) and saves
-// __expf's three instructions a call that keep subnormal results.
-template <>
-__device__ __forceinline__ float exp_of(float v) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^v by ex2.approx (2 ulp): the score precision is what limits fp32 accuracy, not this. The .ftz form flushes
+// results below 2^-126 to 0 (terms that no sum holding the row's max, 1, can see) and saves __expf's three
+// instructions a call that keep subnormal results.
+__device__ __forceinline__ float exp2_approx(float v) {
   float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(v * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(v));
   return result;
 }
+
+template <typename T>
+__device__ __forceinline__ T exp_of(T v);
+template <>
+__device__ __forceinline__ float exp_of(float v) { return exp2_approx(v * kLog2e); }
 template <>
 __device__ __forceinline__ double exp_of(double v) { return exp(v); }
+
+// exp(s - shift) for the scores s of one row.
+template <typename acc_t>
+struct SubtractedExp {
+  acc_t shift;
+  __device__ __forceinline__ acc_t operator()(acc_t s) const { return exp_of(s - shift); }
+};
+
+// The same in fp32 as 2^(s * log2(e) - shift * log2(e)): one fma before ex2 instead of a subtraction and a
+// multiply. Rounding shift * log2(e) by some d scales every term of the row by 2^-d, which dividing by their sum
+// cancels, so only terms normalised by their own sum may be formed this way; and only while 2^-d stays near 1:
+// |shift| <= kLimit keeps |d| within 2^-8 (a row all masked with finfo.min shifts by -3.4e38, where d would
+// be 2^102 if the product did not overflow).
+struct FusedExp {
+  static constexpr float kLimit = 65536.0f;
+  float shift_log2;
+  __device__ __forceinline__ explicit FusedExp(float shift) : shift_log2(shift * kLog2e) {}
+  __device__ __forceinline__ float operator()(float s) const { return exp2_approx(fmaf(s, kLog2e, -shift_log2)); }
+};
+
+// Calls body(exp_shifted) with the fastest of the above that is exact enough for a row shifted by `shift`.
+template <typename acc_t, typename Body>
+__device__ __forceinline__ void with_row_exp(acc_t shift, Body&& body) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (fabsf(shift) <= FusedExp::kLimit) return body(FusedExp(shift));
+  }
+  body(SubtractedExp<acc_t>{shift});
+}
 
 // bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
@@ -37,26 +68,45 @@ constexpr bool kReformsScores =
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
 
+// Kernels held to 64 registers a thread, as many blocks as that leaves room for: those that reform their scores, and
+// 16-bit rows of up to four vectors a thread (blocks of up to 512 threads, two of which then fit a multiprocessor
+// where one did at 65-80 registers; benchmarks/NOTES.md, v9) whose mask, if any, is 16-bit or bool. Causal rows
+// and float32 masks spill at 64.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS> ||
+                                (sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && !kCausal &&
+                                 (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
+
 // One row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements each; two reductions (max, sum), one read of x and mask, one write of y (columns before `store_end`).
-// kReform: the scores are formed twice (kReformsScores).
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, typename Loader>
+// kReform: the scores are formed twice (kReformsScores). kSkipHidden: vectors wholly past the visible keys (a
+// causal row's) take no exponentials; a branch per vector, which costs some kernels registers, so only causal rows
+// take it.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, int width,
                                                      at::opmath_type<scalar_t>* shared, scalar_t* y,
-                                                     int64_t store_end) {
+                                                     int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   auto column = [&](int i) { return cover.column(i, VEC); };
+  // Every vector loaded, clamped: left unset where a conditional load brought nothing, the array cost up to twice
+  // the registers (ptxas, sm_90: bf16 with a bool mask at four vectors a thread 128 against 65); zeroed first, it
+  // cost a merge of every 16-bit element.
   typename Loader::Raw raw[ITERS];
 #pragma unroll
-  for (int i = 0; i < ITERS; ++i) loader.fetch(column(i), raw[i]);
+  for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(loader, column(i), raw[i]);
   acc_t s[ITERS][VEC];
   acc_t local_max = kMasked;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    loader.scores(column(i), raw[i], s[i]);
+    if constexpr (kReform) {
+      // The scores are formed again below: only their max is needed here.
+      local_max = MaxOp()(local_max, loader.max_score(column(i), raw[i]));
+    } else {
+      loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+      for (int v = 0; v < VEC; ++v) local_max = MaxOp()(local_max, s[i][v]);
+    }
   }
   if constexpr (kReform) {
 #pragma unroll
@@ -66,117 +116,50 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
   const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
   acc_t local_sum = 0;
+  auto exponentiate = [&](const auto& exp_shifted) {
 #pragma unroll
-  for (int i = 0; i < ITERS; ++i) {
-    if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
+    for (int i = 0; i < ITERS; ++i) {
+      if (!kSkipHidden || column(i) < loader.visible_end) {
+        if constexpr (kReform) loader.scores(column(i), raw[i], s[i]);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      s[i][v] = exp_of(s[i][v] - shift);
-      local_sum += s[i][v];
+        for (int v = 0; v < VEC; ++v) {
+          s[i][v] = exp_shifted(s[i][v]);
+          local_sum += s[i][v];
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) s[i][v] = 0;
+      }
     }
-  }
+  };
+  with_row_exp(shift, exponentiate);
   const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
   const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    const int64_t col = column(i);
+    const int col = column(i);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
     if (col < store_end) store_vector<VEC>(y, col, s[i]);
   }
 }
 
-// Rows in registers, each group of `width` threads reading its rows from global memory one after another.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+// Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
+// the rows have a causal limit.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  // As many blocks as leave each thread 64 of the 65,536 registers.
-                                  kReformsScores<scalar_t, mask_t, VEC, ITERS>
+                                  kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
                                       ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
                                       : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
-  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>>(
-        ScoreLoader<scalar_t, mask_t, acc_t, VEC>(p, row), cover, width, shared,
-        static_cast<scalar_t*>(p.y) + row * p.cols, p.cols);
+  for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
+    const int64_t row = p.order.row(visit);
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
+        ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, width, shared,
+        static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
   }
-}
-
-// Rows in registers on sm_90, each group reading its tiles of rows from a ring in shared memory (RingLayout) that
-// bulk copies fill kRingStages tiles ahead: the bytes in flight no longer depend on the registers each row holds or
-// on how long a row's reductions take. The grid holds only resident blocks. A slot is refilled once its rows are
-// done: refilled earlier, while the row's scores are held, the copy's address arithmetic spilled them.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>)
-    forward_streamed(const ForwardParams p, const int width) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using acc_t = at::opmath_type<scalar_t>;
-  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
-  constexpr bool kHasMask = has_mask_v<mask_t>;
-  extern __shared__ __align__(RingLayout::kAlign) unsigned char ring[];
-  __shared__ acc_t shared[kWarp];
-  const RingLayout layout(p.cols, sizeof(scalar_t), kHasMask ? sizeof(mask_t) : 0, width, blockDim.x);
-  const int group = threadIdx.x / layout.group_threads;
-  const int rank = threadIdx.x % layout.group_threads;
-  const int row_in_tile = rank / width;
-  const int64_t tiles = ceil_div(p.rows, layout.rows_per_tile);
-  const int64_t tile_step = static_cast<int64_t>(gridDim.x) * layout.groups;
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring) + group * kRingStages;
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < layout.groups * kRingStages; ++b) {
-      barrier_init(reinterpret_cast<uint64_t*>(ring) + b, layout.rows_per_tile);
-    }
-    barrier_init_fence();
-  }
-  __syncthreads();
-  auto slot_of = [&](int stage) { return ring + layout.slot(group, stage); };
-  // Thread `rank` of the group copies row `rank` of the tile, the visible keys only, and arrives on the barrier.
-  auto fill = [&](int stage, int64_t tile) {
-    if (tile >= tiles || rank >= layout.rows_per_tile) return;
-    const int64_t row = tile * layout.rows_per_tile + rank;
-    uint32_t x_bytes = 0;
-    int64_t x_start = 0, mask_start = 0;
-    if (row < p.rows) {
-      row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-      x_bytes = static_cast<uint32_t>((visible_end(p, row) + VEC - 1) / VEC * VEC * sizeof(scalar_t));
-    }
-    const uint32_t mask_bytes = kHasMask ? x_bytes / sizeof(scalar_t) * sizeof(mask_t) : 0;
-    barrier_arrive_expecting(&full[stage], x_bytes + mask_bytes);
-    if (x_bytes == 0) return;
-    unsigned char* slot = slot_of(stage);
-    bulk_copy(slot + rank * layout.x_row_bytes, static_cast<const scalar_t*>(p.x) + x_start, x_bytes, &full[stage]);
-    if constexpr (kHasMask) {
-      bulk_copy(slot + layout.mask_offset() + rank * layout.mask_row_bytes,
-                static_cast<const mask_t*>(p.mask) + mask_start, mask_bytes, &full[stage]);
-    }
-  };
-  int64_t tile = static_cast<int64_t>(blockIdx.x) * layout.groups + group;
-  for (int stage = 0; stage < kRingStages; ++stage) fill(stage, tile + stage * tile_step);
-  const RowCover cover(width);
-  int stage = 0;
-  uint32_t phase = 0;
-  for (; tile < tiles; tile += tile_step) {
-    barrier_wait(&full[stage], phase);
-    const int64_t row = tile * layout.rows_per_tile + row_in_tile;
-    const bool in_rows = row < p.rows;
-    const unsigned char* slot = slot_of(stage);
-    const Loader loader(reinterpret_cast<const scalar_t*>(slot + row_in_tile * layout.x_row_bytes),
-                        reinterpret_cast<const mask_t*>(slot + layout.mask_offset() +
-                                                        row_in_tile * layout.mask_row_bytes),
-                        static_cast<acc_t>(p.scale), in_rows ? visible_end(p, row) : 0);
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, false>(loader, cover, width, shared,
-                                                              static_cast<scalar_t*>(p.y) + row * p.cols,
-                                                              in_rows ? p.cols : 0);
-    // Wider groups are whole blocks, which the row's reductions have already synchronised.
-    if (layout.group_threads == kWarp) __syncwarp();
-    fill(stage, tile + kRingStages * tile_step);
-    if (++stage == kRingStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-#endif
 }
 
 // A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).
@@ -217,7 +200,8 @@ __global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const Forwar
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
   int round = 0;
-  for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
+  for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
+    const int64_t row = p.order.row(visit);
     Loader loader(p, row);
     loader.clip(slice.end);
     acc_t local_max = kMasked;

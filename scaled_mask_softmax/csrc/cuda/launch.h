@@ -6,9 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "../params.h"
@@ -29,10 +26,6 @@ constexpr int kSweepsPerSlice = 4;
 // Vectors each thread of the register kernels aims to hold: 64 bytes of bf16 in flight per thread, and the
 // per-row work (finding where the row starts, the reductions) shared by enough elements.
 constexpr int kTargetIters = 4;
-
-// Slots in each ring of the streamed kernels: tiles a group has in flight (benchmarks/NOTES.md, v7: three measured
-// no faster than two).
-constexpr int kRingStages = 2;
 
 // Rows longer than one block holds: up to this many blocks of a thread-block cluster per row.
 constexpr int kMaxClusterBlocks = 16;
@@ -81,10 +74,8 @@ struct RowCover {
 
   __device__ __forceinline__ int64_t first_row() const { return first_row_; }
   __device__ __forceinline__ int64_t row_step() const { return row_step_; }
-  // The first column of the thread's i-th vector of `vec` elements.
-  __device__ __forceinline__ int64_t column(int i, int vec) const {
-    return (static_cast<int64_t>(i) * width_ + lane_) * vec;
-  }
+  // The first column of the thread's i-th vector of `vec` elements (rows in registers are far shorter than 2^31).
+  __device__ __forceinline__ int column(int i, int vec) const { return (i * width_ + lane_) * vec; }
 };
 
 // The part of a row a block of the two-pass kernels takes: one of `blocks_per_row` slices of whole vectors, in
@@ -104,39 +95,6 @@ struct RowSlice {
 
   __device__ __forceinline__ int64_t first_row() const { return blockIdx.x / blocks_per_row; }
   __device__ __forceinline__ int64_t row_step() const { return gridDim.x / blocks_per_row; }
-};
-
-// How the streamed kernels (sm_90) split a block: into groups of a warp, or one group of the whole block where a
-// row takes more than a warp. A group takes a tile of rows at a time, one row for each `width` of its threads,
-// and reads them from its own ring of kRingStages slots in shared memory, which bulk copies fill tiles ahead.
-// A slot holds a tile's rows of x, then of the mask; the block's barriers, one a slot, come first.
-struct RingLayout {
-  int group_threads;
-  int rows_per_tile;
-  int groups;
-  int64_t x_row_bytes;
-  int64_t mask_row_bytes;
-  int64_t slot_bytes;
-
-  static constexpr int64_t kAlign = 128;
-
-  SMS_HOST_DEVICE static int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-  SMS_HOST_DEVICE RingLayout(int64_t cols, int x_bytes, int mask_bytes, int width, int threads)
-      : group_threads(width < kWarp ? kWarp : width),
-        rows_per_tile(group_threads / width),
-        groups(threads / group_threads),
-        x_row_bytes(cols * x_bytes),
-        mask_row_bytes(cols * mask_bytes),
-        slot_bytes(aligned(rows_per_tile * x_row_bytes) + aligned(rows_per_tile * mask_row_bytes)) {}
-
-  SMS_HOST_DEVICE int64_t barrier_bytes() const { return aligned(static_cast<int64_t>(groups) * kRingStages * 8); }
-  SMS_HOST_DEVICE int64_t bytes() const { return barrier_bytes() + groups * kRingStages * slot_bytes; }
-  // Where slot `stage` of group `group` starts, and its mask rows.
-  SMS_HOST_DEVICE int64_t slot(int group, int stage) const {
-    return barrier_bytes() + (static_cast<int64_t>(group) * kRingStages + stage) * slot_bytes;
-  }
-  SMS_HOST_DEVICE int64_t mask_offset() const { return aligned(rows_per_tile * x_row_bytes); }
 };
 
 // Rows that one block (or a group of lanes) holds in registers, kTargetIters vectors per thread where the row
@@ -205,34 +163,6 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-// Blocks of a streamed kernel (`threads` threads, `shared_bytes` of dynamic shared memory) resident at once on
-// all of the current device's multiprocessors; 0 where the kernel's code is not sm_90 or the memory does not fit.
-// Cached by device, kernel and size: the queries cost microseconds, and a call on a small tensor should not.
-inline int resident_blocks(const void* kernel, int threads, int64_t shared_bytes) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int, int64_t>, int> cache;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const auto key = std::make_tuple(device, kernel, threads, shared_bytes);
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto found = cache.find(key);
-  if (found != cache.end()) return found->second;
-  int blocks = 0;
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  int optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (attributes.binaryVersion >= 90 && shared_bytes + attributes.sharedSizeBytes <= optin) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        optin - static_cast<int>(attributes.sharedSizeBytes)));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
-    int multiprocessors = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-    blocks *= multiprocessors;
-  }
-  cache.emplace(key, blocks);
-  return blocks;
-}
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.
 template <typename Body>

@@ -20,15 +20,15 @@ struct alignas(sizeof(T) * N) Vector {
   T element[N];
 };
 
-template <int VEC, typename T>
-__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, int64_t col) {
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col) {
   return *reinterpret_cast<const Vector<T, VEC>*>(row + col);
 }
 
 // One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
 // 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
-template <int VEC, typename T>
-__device__ __forceinline__ void store_bits(T* row, int64_t col, const Vector<T, VEC>& v) {
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ void store_bits(T* row, Index col, const Vector<T, VEC>& v) {
   if constexpr (sizeof(v) == 16) {
     uint32_t words[4];
     memcpy(words, &v, sizeof(v));
@@ -40,8 +40,8 @@ __device__ __forceinline__ void store_bits(T* row, int64_t col, const Vector<T, 
   }
 }
 
-template <int VEC, typename acc_t, typename T>
-__device__ __forceinline__ void store_vector(T* row, int64_t col, const acc_t (&values)[VEC]) {
+template <int VEC, typename acc_t, typename T, typename Index>
+__device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&values)[VEC]) {
   Vector<T, VEC> v;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(values[i]);
@@ -55,6 +55,24 @@ __device__ __forceinline__ void store_zeros(T* row, int64_t from, int64_t end, i
 #pragma unroll
   for (int i = 0; i < VEC; ++i) zeros.element[i] = T(0);
   for (int64_t col = from; col < end; col += step) store_bits(row, col, zeros);
+}
+
+// The elements of `vector` in acc_t. bf16 pairs are widened a 32-bit word at a time, one instruction an element
+// (a shift, or a mask of the high half); the element-wise conversion took one and a half.
+template <typename acc_t, typename T, int N>
+__device__ __forceinline__ void widen(const Vector<T, N>& vector, acc_t (&out)[N]) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<acc_t, float> && N % 2 == 0) {
+    uint32_t words[N / 2];
+    memcpy(words, &vector, sizeof(words));
+#pragma unroll
+    for (int w = 0; w < N / 2; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<acc_t>(vector.element[i]);
+  }
 }
 
 // An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
@@ -97,8 +115,27 @@ __device__ __forceinline__ int64_t for_each_visible_vector(const Row& row, int64
   return base;
 }
 
-// The scores s = x * scale + mask of one row, -inf past the keys the row may see.
-template <typename scalar_t, typename mask_t, typename acc_t, int VEC>
+// `address`, formed once: seen through, the compiler folded a row's start into every vector's 64-bit address
+// (base + (start + column) * size, four instructions an operand) where one IMAD.WIDE of a 32-bit column will do.
+// The price: loads through it are generic (LD), no longer known to be global (LDG).
+template <typename T>
+__device__ __forceinline__ T* row_address(T* address) {
+  asm("" : "+l"(address));
+  return address;
+}
+
+// Issues the loads of `row`'s vector at `col` or, past the visible keys, of its last visible vector (its first if
+// none is visible): in bounds with no branch or predicate, and what they bring past the visible keys is masked
+// after. `Row` provides Raw, load() and visible_end.
+template <int VEC, typename Row, typename Index>
+__device__ __forceinline__ void load_clamped(const Row& row, Index col, typename Row::Raw& raw) {
+  const auto last = row.visible_end > 0 ? (row.visible_end - 1) / VEC * VEC : 0;
+  row.load(col < last ? col : last, raw);
+}
+
+// The scores s = x * scale + mask of one row, -inf past the keys the row may see. Index: the type of a column,
+// int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits.
+template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t>
 struct ScoreLoader {
   static constexpr bool kHasMask = has_mask_v<mask_t>;
   // What one vector's loads bring: x, and the mask if there is one.
@@ -110,31 +147,31 @@ struct ScoreLoader {
   const scalar_t* x;
   const mask_t* mask;
   acc_t scale;
-  int64_t visible_end;
+  Index visible_end;
 
   __device__ ScoreLoader(const ForwardParams& p, int64_t row) : scale(static_cast<acc_t>(p.scale)) {
     int64_t x_start, mask_start;
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     x = static_cast<const scalar_t*>(p.x) + x_start;
     mask = static_cast<const mask_t*>(p.mask) + mask_start;
-    visible_end = sms::visible_end(p, row);
+    if constexpr (std::is_same_v<Index, int>) {
+      x = row_address(x);
+      mask = row_address(mask);
+    }
+    visible_end = static_cast<Index>(sms::visible_end(p, row));
   }
 
-  // A row already in memory at `x` and `mask` (a slot of a ring in shared memory).
-  __device__ ScoreLoader(const scalar_t* x, const mask_t* mask, acc_t scale, int64_t visible_end)
-      : x(x), mask(mask), scale(scale), visible_end(visible_end) {}
-
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
-  __device__ __forceinline__ void clip(int64_t end) { visible_end = visible_end < end ? visible_end : end; }
+  __device__ __forceinline__ void clip(Index end) { visible_end = visible_end < end ? visible_end : end; }
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
-  __device__ __forceinline__ void load(int64_t col, Raw& raw) const {
+  __device__ __forceinline__ void load(Index col, Raw& raw) const {
     raw.x = load_vector<VEC>(x, col);
     if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
   }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
-  __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
+  __device__ __forceinline__ void fetch(Index col, Raw& raw) const {
     if (col < visible_end) load(col, raw);
   }
 
@@ -145,16 +182,51 @@ struct ScoreLoader {
 
   // The scores of a vector wholly before visible_end.
   __device__ __forceinline__ void visible_scores(const Raw& raw, acc_t (&s)[VEC]) const {
+    widen(raw.x, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      s[i] = static_cast<acc_t>(raw.x.element[i]) * scale;
-      if constexpr (kHasMask) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    for (int i = 0; i < VEC; ++i) s[i] *= scale;
+    if constexpr (std::is_same_v<mask_t, bool>) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
+    } else if constexpr (kHasMask) {
+      acc_t m[VEC];
+      widen(raw.mask, m);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] += m[i];
     }
+  }
+
+  // The max of the vector's scores. Without a mask, a wholly visible bf16 vector takes it on the packed pairs as
+  // loaded (sm_80's max.bf16x2, half an instruction an element, no widening): the max of x * scale is |scale|
+  // times the max of x with its sign bits flipped where scale < 0. Rounding is monotonic, so this is the max of
+  // the scores exactly; a NaN loses here as in MaxOp.
+  __device__ __forceinline__ acc_t max_score(Index col, const Raw& raw) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && !kHasMask && VEC % 2 == 0) {
+      if (visible_end - col >= VEC) {
+        uint32_t words[VEC / 2];
+        memcpy(words, &raw.x, sizeof(words));
+        const uint32_t flip = scale < 0 ? 0x80008000u : 0u;
+        uint32_t pair_max = words[0] ^ flip;
+#pragma unroll
+        for (int w = 1; w < VEC / 2; ++w) {
+          asm("max.bf16x2 %0, %1, %2;" : "=r"(pair_max) : "r"(pair_max), "r"(words[w] ^ flip));
+        }
+        return fabsf(scale) * fmaxf(__uint_as_float(pair_max << 16), __uint_as_float(pair_max & 0xffff0000u));
+      }
+    }
+#endif
+    acc_t s[VEC];
+    scores(col, raw, s);
+    acc_t max = s[0];
+#pragma unroll
+    for (int v = 1; v < VEC; ++v) max = fmax(max, s[v]);
+    return max;
   }
 
   // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be.
   template <bool kWhole>
-  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, std::integral_constant<bool, kWhole>,
+  __device__ __forceinline__ void scores(Index col, const Raw& raw, std::integral_constant<bool, kWhole>,
                                          acc_t (&s)[VEC]) const {
     if constexpr (kWhole) {
       visible_scores(raw, s);
@@ -163,12 +235,12 @@ struct ScoreLoader {
     }
   }
 
-  __device__ __forceinline__ void scores(int64_t col, const Raw& raw, acc_t (&s)[VEC]) const {
+  __device__ __forceinline__ void scores(Index col, const Raw& raw, acc_t (&s)[VEC]) const {
     constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
     visible_scores(raw, s);
     // Compared as a count against constants: `col + i` for every element was hoisted out of the row loop, held
     // in 64-bit registers.
-    const int64_t visible = visible_end - col;
+    const Index visible = visible_end - col;
     if (visible < VEC) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
