@@ -163,7 +163,6 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.
 template <typename Body>
 void with_iters(int iters, Body&& body) {
