@@ -113,6 +113,15 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
   return {false, 1, kLongRowThreads, kLongRowThreads};
 }
 
+// The current device's L2 cache.
+inline int64_t l2_bytes() {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  int bytes = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+  return bytes;
+}
+
 // Grids stride over rows; this cap only guards the launch limit.
 constexpr int64_t kMaxBlocks = 1 << 30;
 
@@ -124,11 +133,7 @@ inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
 // is still in L2 when pass 2 reads it again: half the L2, the other half left to what else passes through.
 // benchmarks/NOTES.md, v9: with every resident block on a row of its own, pass 2 read from memory.
 inline int64_t rows_within_l2(int64_t row_bytes) {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  int l2_bytes = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  return std::max<int64_t>(1, l2_bytes / 2 / std::max<int64_t>(row_bytes, 1));
+  return std::max<int64_t>(1, l2_bytes() / 2 / std::max<int64_t>(row_bytes, 1));
 }
 
 // Launches kernel(p, blocks_per_row), a two-pass kernel; `column_bytes`: what one column costs a row's passes in
