@@ -22,6 +22,20 @@ def test_very_long_rows(dtype, cols):
     assert_close_to(x.grad, dx_ref, dtype, scale=4)
 
 
+def test_more_long_rows_than_the_l2_holds():
+    """Long rows that the two-pass kernels cannot all take at once (what they read must stay in L2 for the second
+    pass), so that each block loops over rows; the mask, shared over the batch, also reorders them."""
+    cols = 65536
+    x = random_scores((3, 200, cols), torch.bfloat16, "cuda").requires_grad_()
+    mask = random_scores((200, cols), torch.bfloat16, "cuda", generator_seed=2)
+    y = sms.scaled_mask_softmax(x, mask, 0.3)
+    dy = random_scores((3, 200, cols), torch.bfloat16, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "upper_left", dy)
+    assert_close_to(y, y_ref, torch.bfloat16)
+    assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+
+
 def test_runs_on_the_current_stream():
     x = random_scores((64, 1024), torch.float16, "cuda")
     expected = sms.scaled_mask_softmax(x, is_causal=True)

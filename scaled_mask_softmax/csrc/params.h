@@ -142,6 +142,10 @@ struct NoMask {};
 template <typename mask_t>
 constexpr bool has_mask_v = !std::is_same_v<mask_t, NoMask>;
 
+// Bytes of one mask element; 0 without a mask.
+template <typename mask_t>
+constexpr int mask_bytes_v = has_mask_v<mask_t> ? static_cast<int>(sizeof(mask_t)) : 0;
+
 template <typename acc_t, typename mask_t>
 SMS_HOST_DEVICE acc_t additive_mask(mask_t value) {
   if constexpr (std::is_same_v<mask_t, bool>) {

@@ -16,7 +16,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers) {
-    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
+    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, 2 * sizeof(scalar_t) + mask_bytes_v<mask_t>,
+                    stream);
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
@@ -34,12 +35,11 @@ template <typename scalar_t, typename mask_t>
 void launch_forward(const ForwardParams& p, cudaStream_t stream) {
   // 16-byte vectors when every row of x, mask and y starts aligned; element by element otherwise.
   constexpr int kVec = 16 / sizeof(scalar_t);
-  int mask_bytes = 1;
-  if constexpr (has_mask_v<mask_t>) mask_bytes = sizeof(mask_t);
   const bool aligned = p.cols % kVec == 0 &&
                        rows_aligned(p.x, p.x_strides, p.shape, kVec, sizeof(scalar_t)) &&
                        rows_aligned(p.y, contiguous_row_strides(p.shape, p.cols), p.shape, kVec, sizeof(scalar_t)) &&
-                       (p.mask == nullptr || rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes));
+                       (p.mask == nullptr ||
+                        rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes_v<mask_t>));
   if (aligned) {
     forward_ladder<scalar_t, mask_t, kVec>(p, stream);
   } else {
