@@ -12,8 +12,9 @@ namespace sms {
 
 // One row of y, dy and dx; y and dy are held as loaded (16-bit types stay packed, half the registers).
 // kCausal: the row has a causal limit, past which nothing is read and dx is 0. Without one the per-vector checks
-// are left out at compile time: they cost the 16-bit backward registers and 5-15% of its speed.
-template <typename scalar_t, int VEC, bool kCausal>
+// are left out at compile time: they cost the 16-bit backward registers and 5-15% of its speed. Index: the type
+// of a column, int where rows are short enough (the register kernels), as in ScoreLoader.
+template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t>
 struct GradientRow {
   using acc_t = at::opmath_type<scalar_t>;
   struct Raw {
@@ -23,38 +24,45 @@ struct GradientRow {
   const scalar_t* y;
   const scalar_t* dy;
   scalar_t* dx;
-  int64_t end;  // one past the last column written: the row's end, or its slice's
-  int64_t visible_end;
+  Index end;  // one past the last column written: the row's end, or its slice's
+  Index visible_end;
   acc_t scale;
 
   __device__ GradientRow(const BackwardParams& p, int64_t row)
-      : end(p.cols), visible_end(kCausal ? sms::visible_end(p, row) : p.cols), scale(static_cast<acc_t>(p.scale)) {
+      : end(static_cast<Index>(p.cols)),
+        visible_end(static_cast<Index>(kCausal ? sms::visible_end(p, row) : p.cols)),
+        scale(static_cast<acc_t>(p.scale)) {
     int64_t y_start, dy_start;
     row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
+    if constexpr (std::is_same_v<Index, int>) {
+      y = row_address(y);
+      dy = row_address(dy);
+      dx = row_address(dx);
+    }
   }
 
   // Takes only the columns before `slice_end` (a block's slice of the row).
-  __device__ __forceinline__ void clip(int64_t slice_end) {
+  __device__ __forceinline__ void clip(Index slice_end) {
     end = slice_end;
     visible_end = visible_end < slice_end ? visible_end : slice_end;
   }
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
-  __device__ __forceinline__ void load(int64_t col, Raw& raw) const {
+  __device__ __forceinline__ void load(Index col, Raw& raw) const {
     raw.y = load_vector<VEC>(y, col);
     raw.dy = load_vector<VEC>(dy, col);
   }
 
   // Keys past the visible ones are never read.
-  __device__ __forceinline__ void fetch(int64_t col, Raw& raw) const {
+  __device__ __forceinline__ void fetch(Index col, Raw& raw) const {
     if (col < visible_end) load(col, raw);
   }
 
   // How many of the vector's elements at `col` are visible: VEC or more for all but the one the limit cuts.
-  __device__ __forceinline__ int64_t visible_in(int64_t col) const { return visible_end - col; }
+  __device__ __forceinline__ Index visible_in(Index col) const { return visible_end - col; }
 
   __device__ __forceinline__ void gradient(const Raw& raw, acc_t row_dot, acc_t (&dx_values)[VEC]) const {
     acc_t y_values[VEC], dy_values[VEC];
@@ -65,7 +73,7 @@ struct GradientRow {
   }
 
   // The sum of dy * y over the vector's first `count` elements (count >= VEC: all).
-  __device__ __forceinline__ acc_t products(const Raw& raw, int64_t count) const {
+  __device__ __forceinline__ acc_t products(const Raw& raw, Index count) const {
     acc_t y_values[VEC], dy_values[VEC];
     widen(raw.y, y_values);
     widen(raw.dy, dy_values);
@@ -80,25 +88,25 @@ struct GradientRow {
   // dot() of a vector wholly before visible_end.
   __device__ __forceinline__ acc_t visible_dot(const Raw& raw) const { return products(raw, VEC); }
 
-  __device__ __forceinline__ acc_t dot(int64_t col, const Raw& raw) const {
-    const int64_t visible = visible_in(col);
+  __device__ __forceinline__ acc_t dot(Index col, const Raw& raw) const {
+    const Index visible = visible_in(col);
     if (visible <= 0) return 0;
     return products(raw, kCausal ? visible : VEC);
   }
 
   // store_gradient() of a vector wholly before visible_end.
-  __device__ __forceinline__ void store_visible_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
+  __device__ __forceinline__ void store_visible_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     acc_t dx_values[VEC];
     gradient(raw, row_dot, dx_values);
     store_vector<VEC>(dx, col, dx_values);
   }
 
   // Hidden keys get 0, whatever their (unread) y holds.
-  __device__ __forceinline__ void store_gradient(int64_t col, const Raw& raw, acc_t row_dot) const {
+  __device__ __forceinline__ void store_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     if (col >= end) return;
     acc_t dx_values[VEC];
     gradient(raw, row_dot, dx_values);
-    const int64_t visible = visible_in(col);
+    const Index visible = visible_in(col);
     if (kCausal && visible < VEC) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
@@ -109,12 +117,22 @@ struct GradientRow {
   }
 };
 
+template <typename scalar_t, int VEC, int ITERS>
+constexpr int backward_max_threads = max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2));
+
+// 16-bit rows of up to four vectors a thread (blocks of up to 512 threads) held to 64 registers, as in the
+// forward: two blocks a multiprocessor where the 71-78 registers they took left room for one.
+template <typename scalar_t, int VEC, int ITERS>
+constexpr bool kBackwardIn64Registers = sizeof(scalar_t) == 2 && ITERS * VEC <= 32;
+
 // Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
 // elements of y and of dy each; one reduction, one read of y and dy, one write of dx.
 template <typename scalar_t, int VEC, int ITERS, bool kCausal>
-__global__ void __launch_bounds__(max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2)))
-    backward_in_registers(const BackwardParams p, const int width) {
-  using Row = GradientRow<scalar_t, VEC, kCausal>;
+__global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
+                                  kBackwardIn64Registers<scalar_t, VEC, ITERS>
+                                      ? blocks_at_64_registers(backward_max_threads<scalar_t, VEC, ITERS>)
+                                      : 1) backward_in_registers(const BackwardParams p, const int width) {
+  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);

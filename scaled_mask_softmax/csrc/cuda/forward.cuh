@@ -149,7 +149,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
-                                      ? 65536 / (64 * forward_max_threads<scalar_t, VEC, ITERS>)
+                                      ? blocks_at_64_registers(forward_max_threads<scalar_t, VEC, ITERS>)
                                       : 1) forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "../params.h"
@@ -43,6 +44,10 @@ constexpr int registers_for(int vec, int operands) {
   return operands * vec * static_cast<int>(sizeof(T)) / 4 * (sizeof(T) == 8 ? 2 : 1);
 }
 
+// Blocks of `threads` threads that fit a multiprocessor at 64 registers a thread: as __launch_bounds__'s minimum
+// blocks, it holds a kernel to 64 registers.
+constexpr int blocks_at_64_registers(int threads) { return 65536 / (64 * threads); }
+
 SMS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline int next_power_of_two(int64_t n) {
@@ -62,18 +67,18 @@ struct RowPlan {
 // the column of each of its vectors.
 struct RowCover {
   int64_t first_row_;
-  int64_t row_step_;
+  int row_step_;  // within 32 bits (blocks_for): one register less across the row loop
   int width_;
   int lane_;
 
   __device__ explicit RowCover(int width) : width_(width), lane_(threadIdx.x % width) {
     const int rows_per_block = blockDim.x / width;
     first_row_ = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width;
-    row_step_ = static_cast<int64_t>(gridDim.x) * rows_per_block;
+    row_step_ = static_cast<int>(gridDim.x) * rows_per_block;
   }
 
   __device__ __forceinline__ int64_t first_row() const { return first_row_; }
-  __device__ __forceinline__ int64_t row_step() const { return row_step_; }
+  __device__ __forceinline__ int row_step() const { return row_step_; }
   // The first column of the thread's i-th vector of `vec` elements (rows in registers are far shorter than 2^31).
   __device__ __forceinline__ int column(int i, int vec) const { return (i * width_ + lane_) * vec; }
 };
@@ -125,8 +130,12 @@ inline int64_t l2_bytes() {
 // Grids stride over rows; this cap only guards the launch limit.
 constexpr int64_t kMaxBlocks = 1 << 30;
 
+// Blocks of a register kernel: one a row (or a block's rows), capped so that a grid's rows, the stride of
+// RowCover, fit in 32 bits.
 inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
-  return static_cast<unsigned>(std::min(ceil_div(rows, plan.threads / plan.width), kMaxBlocks));
+  const int rows_per_block = plan.threads / plan.width;
+  return static_cast<unsigned>(
+      std::min(ceil_div(rows, rows_per_block), int64_t{std::numeric_limits<int>::max()} / rows_per_block));
 }
 
 // Rows of `row_bytes` (what a row's passes read and write) that may be in flight at once while what pass 1 reads
