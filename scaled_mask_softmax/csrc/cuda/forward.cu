@@ -47,6 +47,13 @@ void launch_forward(const ForwardParams& p, cudaStream_t stream) {
   }
 }
 
+// Bytes of the distinct elements of `t`: a dim of stride 0 (broadcast) counts once.
+int64_t distinct_bytes(const at::Tensor& t) {
+  int64_t elements = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) elements *= t.stride(d) == 0 ? 1 : t.size(d);
+  return elements * t.element_size();
+}
+
 at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale, bool is_causal,
                         c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -54,6 +61,12 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   ForwardOperands operands = make_forward_params(
       x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.y;
+  // Rows reordered for their mask (RowOrder) only where it is larger than half the L2: a smaller one stays there
+  // in any order, and the reordered rows lose their neighbours in memory (benchmarks/NOTES.md, v9).
+  if (p.order.outer.value > 1 &&
+      distinct_bytes(operands.mask) < l2_bytes() / 2) {
+    p.order = RowOrder{};
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
     dispatch_mask<scalar_t>(operands.mask_kind, [&](auto mask_tag) {
