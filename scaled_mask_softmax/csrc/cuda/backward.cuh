@@ -169,46 +169,25 @@ __global__ void __launch_bounds__(kLongRowThreads) backward_two_pass(const Backw
   for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
     Row g(p, row);
     g.clip(slice.end);
-    // Tiles starting at or before this lie wholly before the visible end: no checks per vector.
-    const int64_t last_whole_tile = g.visible_end - (kUnroll - 1) * step - VEC;
     acc_t local_dot = 0;
-    int64_t base = first;
-#pragma unroll 1
-    for (; base <= last_whole_tile; base += kUnroll * step) {
-      typename Row::Raw raw[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.load(base + u * step, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) local_dot += g.visible_dot(raw[u]);
-    }
-    if (base < g.visible_end) {
-      // Zeroed first: partly assigned, an array of structs of 16-bit class members went to local memory.
-      typename Row::Raw raw[kUnroll] = {};
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) local_dot += g.dot(base + u * step, raw[u]);
-    }
+    for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw, auto whole) {
+      if constexpr (decltype(whole)::value) {
+        local_dot += g.visible_dot(raw);
+      } else {
+        local_dot += g.dot(col, raw);
+      }
+    });
     acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
     if (blocks_per_row > 1) row_dot = exchange.reduce(row_dot, SumOp(), blocks_per_row, round++);
-    base = first;
-#pragma unroll 1
-    for (; base <= last_whole_tile; base += kUnroll * step) {
-      typename Row::Raw raw[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.load(base + u * step, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.store_visible_gradient(base + u * step, raw[u], row_dot);
-    }
-    if (base < g.visible_end) {
-      typename Row::Raw raw[kUnroll] = {};
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.fetch(base + u * step, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) g.store_gradient(base + u * step, raw[u], row_dot);
-      base += kUnroll * step;
-    }
-    store_zeros<VEC>(g.dx, base, slice.end, step);
+    const int64_t past = for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw,
+                                                                                  auto whole) {
+      if constexpr (decltype(whole)::value) {
+        g.store_visible_gradient(col, raw, row_dot);
+      } else {
+        g.store_gradient(col, raw, row_dot);
+      }
+    });
+    store_zeros<VEC>(g.dx, past, slice.end, step);
   }
   if (blocks_per_row > 1) exchange.finish();
 }
