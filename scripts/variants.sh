@@ -6,7 +6,7 @@
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2)
 #   scripts/variants.sh run [sweep args]    build, then sweep
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
-# sweep.jsonl, the table (benchmarks/sweep.py --table) and logs.tgz go to $OUT.
+# sweep.jsonl, the table (benchmarks/sweep.py --table) and logs-<action>.tgz go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 action="${1:-}"
@@ -40,9 +40,9 @@ sweep() {
   PYTHONPATH="/tmp/variants/${names[0]}" python3 benchmarks/sweep.py --table "$OUT/sweep.jsonl" | tee "$OUT/table.txt"
 }
 
-# The machine sends back only a few files: the logs travel as one.
+# The machine sends back only a few files: the logs travel as one archive, named for the action.
 pack_logs() {
-  (cd "$OUT" && tar -czf logs.tgz ./*.log && rm -f ./*.log)
+  (cd "$OUT" && tar -czf "logs-$action.tgz" ./*.log && rm -f ./*.log)
 }
 
 if [ "$action" != pack ]; then

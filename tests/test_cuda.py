@@ -23,8 +23,8 @@ def test_very_long_rows(dtype, cols):
 
 
 def test_more_long_rows_than_the_l2_holds():
-    """Long rows that the two-pass kernels cannot all take at once (what they read must stay in L2 for the second
-    pass), so that each block loops over rows; the mask, shared over the batch, also reorders them."""
+    """More long rows than the two-pass kernels may take at once and still find in L2 what their first pass read,
+    with a mask shared over the batch, which has them take rows in the mask's order (RowOrder)."""
     cols = 65536
     x = random_scores((3, 200, cols), torch.bfloat16, "cuda").requires_grad_()
     mask = random_scores((200, cols), torch.bfloat16, "cuda", generator_seed=2)
