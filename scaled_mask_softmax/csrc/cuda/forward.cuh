@@ -99,6 +99,12 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   acc_t local_max = kMasked;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
+    if (kSkipHidden && column(i) >= loader.visible_end) {
+      // Wholly past the visible keys: masked without forming its scores.
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[i][v] = kMasked;
+      continue;
+    }
     if constexpr (kReform) {
       // The scores are formed again below: only their max is needed here.
       local_max = MaxOp()(local_max, loader.max_score(column(i), raw[i]));
