@@ -195,7 +195,7 @@ struct MergeStats {
 // the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
 // any is used, to keep enough bytes in flight.
 template <typename scalar_t, typename mask_t, int VEC>
-__global__ void __launch_bounds__(kLongRowThreads) forward_two_pass(const ForwardParams p, const int blocks_per_row) {
+__global__ void __launch_bounds__(kLongRowThreads, 1) forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
