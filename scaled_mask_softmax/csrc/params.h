@@ -48,7 +48,18 @@ struct Divisor {
     return n / value;
   }
 
-  SMS_HOST_DEVICE int64_t remainder(int64_t n) const { return n - quotient(n) * value; }
+  // n / d, with n % d in `rest`.
+  SMS_HOST_DEVICE int64_t quotient(int64_t n, int64_t& rest) const {
+    const int64_t q = quotient(n);
+    rest = n - q * value;
+    return q;
+  }
+
+  SMS_HOST_DEVICE int64_t remainder(int64_t n) const {
+    int64_t rest;
+    quotient(n, rest);
+    return rest;
+  }
 };
 
 struct RowShape {
@@ -67,9 +78,8 @@ SMS_HOST_DEVICE void row_starts(const RowShape& shape, int64_t row, const RowStr
   a_start = 0;
   b_start = 0;
   for (int d = shape.dims - 1; d > 0; --d) {
-    const int64_t next = shape.size[d].quotient(row);
-    const int64_t index = row - next * shape.size[d].value;
-    row = next;
+    int64_t index;
+    row = shape.size[d].quotient(row, index);
     a_start += index * a.stride[d];
     b_start += index * b.stride[d];
   }
@@ -88,8 +98,9 @@ struct RowOrder {
   int64_t inner = 0;
 
   SMS_HOST_DEVICE int64_t row(int64_t visit) const {
-    const int64_t quotient = outer.quotient(visit);
-    return (visit - quotient * outer.value) * inner + quotient;
+    int64_t rest;
+    const int64_t quotient = outer.quotient(visit, rest);
+    return rest * inner + quotient;
   }
 };
 

@@ -138,26 +138,17 @@ inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
       std::min(ceil_div(rows, rows_per_block), int64_t{std::numeric_limits<int>::max()} / rows_per_block));
 }
 
-// Rows of `row_bytes` (what a row's passes read and write) that may be in flight at once while what pass 1 reads
-// is still in L2 when pass 2 reads it again: half the L2, the other half left to what else passes through.
-// benchmarks/NOTES.md, v9: with every resident block on a row of its own, pass 2 read from memory.
-inline int64_t rows_within_l2(int64_t row_bytes) {
-  return std::max<int64_t>(1, l2_bytes() / 2 / std::max<int64_t>(row_bytes, 1));
-}
-
-// Launches kernel(p, blocks_per_row), a two-pass kernel; `column_bytes`: what one column costs a row's passes in
-// reads and writes. Where the kernel runs sm_90 code, a row without a causal limit is split over the blocks of one
-// cluster, enough (up to kMaxClusterBlocks) that a slice is at most kSweepsPerSlice unrolled sweeps of a block:
-// small slices are still in L2 when the second pass reads them, and a row's work is spread over more
-// multiprocessors. Otherwise, or where the device holds no such cluster, a block takes a whole row. Rows without
-// a causal limit are taken no more at once than rows_within_l2 allows, each block then looping over rows.
-// benchmarks/NOTES.md, v6: slices of one or two sweeps, and causal rows in clusters (most of their slices hold
-// only zeros), measured slower.
+// Launches kernel(p, blocks_per_row), a two-pass kernel. Where the kernel runs sm_90 code, a row without a causal
+// limit is split over the blocks of one cluster, enough (up to kMaxClusterBlocks) that a slice is at most
+// kSweepsPerSlice unrolled sweeps of a block: small slices are still in L2 when the second pass reads them, and a
+// row's work is spread over more multiprocessors. Otherwise, or where the device holds no such cluster, a block
+// takes a whole row. benchmarks/NOTES.md, v6: slices of one or two sweeps, and causal rows in clusters (most of
+// their slices hold only zeros), measured slower; v10: fewer rows at once, to keep pass 1's reads within the L2,
+// measured slower too.
 template <typename Params>
-void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, int column_bytes, cudaStream_t stream) {
+void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cudaStream_t stream) {
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const int64_t rows = p.is_causal ? p.rows : std::min(p.rows, rows_within_l2(p.cols * column_bytes));
   const int64_t slice = static_cast<int64_t>(kLongRowThreads) * kUnroll * vec * kSweepsPerSlice;
   int blocks_per_row = 1;
   if (attributes.binaryVersion >= 90 && !p.is_causal) {
@@ -176,7 +167,7 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, int 
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(std::min(rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
+    config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
     config.blockDim = dim3(kLongRowThreads);
     config.stream = stream;
     config.attrs = &cluster;
@@ -188,7 +179,7 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, int 
       return;
     }
   }
-  kernel<<<static_cast<unsigned>(std::min(rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
+  kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../params.h"
+#include "reduce.cuh"
 
 namespace sms {
 
@@ -222,7 +223,7 @@ struct ScoreLoader {
     scores(col, raw, s);
     acc_t max = s[0];
 #pragma unroll
-    for (int v = 1; v < VEC; ++v) max = fmax(max, s[v]);
+    for (int v = 1; v < VEC; ++v) max = MaxOp()(max, s[v]);
     return max;
   }
 
