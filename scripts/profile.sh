@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
-ncu --clock-control none --kernel-name regex:'(forward|backward)_(in_registers|two_pass)' \
+ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'(forward|backward)_(in_registers|two_pass)' \
     --launch-skip "${SKIP:-20}" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis \
