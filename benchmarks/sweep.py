@@ -70,9 +70,7 @@ def main():
                 "bwd": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal)}
         for pass_name in args.passes:
             ms = bench.median_ms(runs[pass_name], device)
-            floor_ms = bench.necessary_bytes(pass_name, shape, x.element_size(), is_causal,
-                                             None if mask is None else tuple(mask.shape),
-                                             0 if mask is None else mask.element_size()) / copy
+            floor_ms = bench.necessary_bytes_of(pass_name, x, mask, is_causal) / copy
             row = {"tag": args.tag, "shape": list(shape), "dtype": dtype_name,
                    "variant": variant, "pass": pass_name, "ours_ms": ms, "over_floor": ms / floor_ms}
             print(f"{args.tag:10} {'x'.join(map(str, shape)):18} {row['dtype']:9} {variant:11} {pass_name} "

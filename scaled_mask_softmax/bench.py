@@ -99,6 +99,12 @@ def necessary_bytes(pass_name, x_shape, itemsize, is_causal, mask_shape=None, ma
     return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[pass_name]
 
 
+def necessary_bytes_of(pass_name, x, mask, is_causal):
+    """necessary_bytes for the tensors of a call: x and the mask (or None)."""
+    return necessary_bytes(pass_name, tuple(x.shape), x.element_size(), is_causal,
+                           None if mask is None else tuple(mask.shape), 0 if mask is None else mask.element_size())
+
+
 def parse_grid(text):
     """A grid name, or shapes `BxHxSqxSk` separated by commas (bf16 unless --dtypes says otherwise)."""
     if text in GRIDS:
@@ -339,9 +345,7 @@ def bench_cell(shape, dtype_name, variant, passes, device, copy_per_ms, info, us
         candidates = implementations(pass_name, x, mask, peer_mask, is_causal, y, dy, compiled, compiled_backward)
         times = {key: measurements.time(key, fn, grad_to_none=(x,))
                  for key, fn in candidates.items() if key not in skipped}
-        floor_bytes = necessary_bytes(pass_name, shape, x.element_size(), is_causal,
-                                      None if mask is None else mask.shape,
-                                      0 if mask is None else mask.element_size())
+        floor_bytes = necessary_bytes_of(pass_name, x, mask, is_causal)
         rows.append(make_row(shape, dtype_name, variant, pass_name, times, floor_bytes, copy_per_ms, info,
                              error=measurements.error()))
     return rows

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Nsight Compute on our kernels, the clocks left alone: benchmarks/sweep.py runs the cells its arguments choose,
+# and one launch of a forward or backward kernel past the warm-up is profiled. The report goes to $OUT/profile.txt:
+#   scripts/profile.sh --min-cols 1024 --max-cols 1024 --dtypes bfloat16 --variants causal --passes fwd
+# SKIP (default 20) sets how many of our launches pass first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-logs}"
+mkdir -p "$OUT"
+ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'(forward|backward)_(in_registers|two_pass)' \
+    --launch-skip "${SKIP:-20}" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis \
+    python3 benchmarks/sweep.py --tag profile "$@" >"$OUT/profile.txt" 2>&1
+echo "profile: exit $? | $(grep -m1 -E '^ +Duration' "$OUT/profile.txt")"
