@@ -154,9 +154,10 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
 
 // Rows beyond one block's registers, in two passes over slices of the row as in forward_two_pass: pass 1 sums
 // dy * y over the slice, the slices' sums are added through distributed shared memory, pass 2 reads both again
-// (from L2) and writes dx; kUnroll vectors per thread in flight.
+// (from L2) and writes dx; kUnroll vectors per thread in flight. One block a multiprocessor, as forward_two_pass.
 template <typename scalar_t, int VEC, bool kCausal>
-__global__ void __launch_bounds__(kLongRowThreads, 1) backward_two_pass(const BackwardParams p, const int blocks_per_row) {
+__global__ void __launch_bounds__(kLongRowThreads, 1)
+    backward_two_pass(const BackwardParams p, const int blocks_per_row) {
   using Row = GradientRow<scalar_t, VEC, kCausal>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];

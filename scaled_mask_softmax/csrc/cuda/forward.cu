@@ -62,8 +62,7 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   if (p.rows == 0) return operands.y;
   // Rows reordered for their mask (RowOrder) only where it is larger than half the L2: a smaller one stays there
   // in any order, and the reordered rows lose their neighbours in memory (benchmarks/NOTES.md, v9).
-  if (p.order.outer.value > 1 &&
-      distinct_bytes(operands.mask) < l2_bytes() / 2) {
+  if (p.order.outer.value > 1 && distinct_bytes(operands.mask) < l2_bytes() / 2) {
     p.order = RowOrder{};
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

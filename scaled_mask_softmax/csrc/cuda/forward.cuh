@@ -193,9 +193,12 @@ struct MergeStats {
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
 // the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
-// any is used, to keep enough bytes in flight.
+// any is used, to keep enough bytes in flight. Declared for one block a multiprocessor: ptxas then spills in no
+// instantiation and takes more registers, so fewer slices are in flight and more of them are still in L2 for
+// pass 2 (benchmarks/NOTES.md, v10).
 template <typename scalar_t, typename mask_t, int VEC>
-__global__ void __launch_bounds__(kLongRowThreads, 1) forward_two_pass(const ForwardParams p, const int blocks_per_row) {
+__global__ void __launch_bounds__(kLongRowThreads, 1)
+    forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();

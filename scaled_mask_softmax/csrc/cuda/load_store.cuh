@@ -29,7 +29,7 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col) {
 // One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
 // 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
 // Marked streaming (.cs, evict first): what a kernel writes it never reads, and in L2 it would push out what the
-// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9).
+// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9; measured in v10).
 template <int VEC, typename T, typename Index>
 __device__ __forceinline__ void store_bits(T* row, Index col, const Vector<T, VEC>& v) {
   if constexpr (sizeof(v) == 16) {
