@@ -189,15 +189,21 @@ struct MergeStats {
   }
 };
 
+// The blocks a multiprocessor holds of the two-pass forward, as __launch_bounds__'s minimum. Three where the
+// slices in flight are those of x alone (no mask, or a bool mask, usually one row that every row shares): more
+// warps to issue from. One otherwise, which ptxas meets with about 96 registers and two blocks; with a 16-bit
+// mask, which doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2
+// (benchmarks/NOTES.md, v10).
+template <typename scalar_t, typename mask_t>
+constexpr int kTwoPassMinBlocks = sizeof(scalar_t) <= 4 && mask_bytes_v<mask_t> <= 1 ? 3 : 1;
+
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
 // the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
-// any is used, to keep enough bytes in flight. Declared for one block a multiprocessor: ptxas then spills in no
-// instantiation and takes more registers, so fewer slices are in flight and more of them are still in L2 for
-// pass 2 (benchmarks/NOTES.md, v10).
+// any is used, to keep enough bytes in flight.
 template <typename scalar_t, typename mask_t, int VEC>
-__global__ void __launch_bounds__(kLongRowThreads, 1)
+__global__ void __launch_bounds__(kLongRowThreads, kTwoPassMinBlocks<scalar_t, mask_t>)
     forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
