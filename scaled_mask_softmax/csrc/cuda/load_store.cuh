@@ -78,6 +78,26 @@ __device__ __forceinline__ void widen(const Vector<T, N>& vector, acc_t (&out)[N
   }
 }
 
+// What the keys of a bool mask add to their scores, four keys a 32-bit word: 0 where a key is seen (true), -inf
+// where it is masked, as additive_mask. A bool is 0 or 1, so (byte ^ 1) << 7 turns a masked key's byte into 0x80
+// and a seen key's into 0; one byte permute then copies that byte's sign into the top byte of the key's float and
+// the byte itself into the next: 0xff800000 (-inf) or 0. Byte by byte, ptxas took five or six instructions a key.
+template <int N>
+__device__ __forceinline__ void additive_terms(const Vector<uint32_t, N / 4>& keys, float (&out)[N]) {
+#pragma unroll
+  for (int w = 0; w < N / 4; ++w) {
+    const uint32_t signs = (keys.element[w] ^ 0x01010101u) << 7;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      // Selector nibbles from the top byte: byte k's sign (bit 3 set), byte k, then byte 4 (of the 0 operand).
+      const uint32_t selector = 0x8044u | (k << 12) | (k << 8);
+      uint32_t bits;
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(bits) : "r"(signs), "r"(0u), "r"(selector));
+      out[4 * w + k] = __uint_as_float(bits);
+    }
+  }
+}
+
 // An empty asm that claims to change the words of `vector`: values formed from them before cannot be reused
 // after, so they are formed again rather than held in registers in between.
 template <typename T, int N>
@@ -141,10 +161,14 @@ __device__ __forceinline__ void load_clamped(const Row& row, Index col, typename
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t>
 struct ScoreLoader {
   static constexpr bool kHasMask = has_mask_v<mask_t>;
+  // A bool mask's vector travels as 32-bit words (additive_terms): loaded as bools, it was split into bytes and
+  // packed again.
+  static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
+  using MaskVector = std::conditional_t<kBoolWords, Vector<uint32_t, VEC / 4>, Vector<mask_t, VEC>>;
   // What one vector's loads bring: x, and the mask if there is one.
   struct Raw {
     Vector<scalar_t, VEC> x;
-    std::conditional_t<kHasMask, Vector<mask_t, VEC>, NoMask> mask;
+    std::conditional_t<kHasMask, MaskVector, NoMask> mask;
   };
 
   const scalar_t* x;
@@ -170,7 +194,11 @@ struct ScoreLoader {
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
     raw.x = load_vector<VEC>(x, col);
-    if constexpr (kHasMask) raw.mask = load_vector<VEC>(mask, col);
+    if constexpr (kBoolWords) {
+      raw.mask = load_vector<VEC / 4>(reinterpret_cast<const uint32_t*>(mask + col), 0);
+    } else if constexpr (kHasMask) {
+      raw.mask = load_vector<VEC>(mask, col);
+    }
   }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
@@ -188,12 +216,16 @@ struct ScoreLoader {
     widen(raw.x, s);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) s[i] *= scale;
-    if constexpr (std::is_same_v<mask_t, bool>) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s[i] += additive_mask<acc_t>(raw.mask.element[i]);
-    } else if constexpr (kHasMask) {
+    if constexpr (kHasMask) {
       acc_t m[VEC];
-      widen(raw.mask, m);
+      if constexpr (kBoolWords) {
+        additive_terms(raw.mask, m);
+      } else if constexpr (std::is_same_v<mask_t, bool>) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) m[i] = additive_mask<acc_t>(raw.mask.element[i]);
+      } else {
+        widen(raw.mask, m);
+      }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) s[i] += m[i];
     }
