@@ -11,11 +11,16 @@
 namespace sms {
 namespace {
 
+// Causal rows of at least this many columns take the two-pass kernel even where they fit registers: it reads and
+// exponentiates a row's visible keys in a loop, where the register kernel's block pays a whole row's chain of
+// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10).
+constexpr int64_t kCausalTwoPassColumns = 16384;
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (!plan.in_registers) {
+  if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns)) {
     launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
     return;
   }
