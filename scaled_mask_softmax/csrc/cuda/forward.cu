@@ -16,7 +16,10 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers) {
-    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
+    if (!launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC>, p, VEC,
+                           forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
+    }
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
