@@ -193,14 +193,15 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
 
 // Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers,
 // kTargetIters vectors a thread and at most `max_threads` threads a block: as few blocks as hold the row, up to
-// kMaxClusterBlocks. False for rows with a causal limit (most of their slices would hold only zeros), for longer
-// rows, or where the device holds no such cluster.
+// kMaxClusterBlocks. False for rows with a causal limit (most of their slices would hold only zeros), for rows that
+// one block holds or that more than kMaxClusterBlocks do, or where the device holds no such cluster.
 template <typename Params>
 bool launch_in_cluster(void (*kernel)(Params, int), const Params& p, int vec, int max_threads, cudaStream_t stream) {
   if (p.is_causal) return false;
   const int64_t vectors = ceil_div(p.cols, vec);
   const int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
-  if (blocks_per_row > kMaxClusterBlocks) return false;
+  // One block's rows are the register kernels'.
+  if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return false;
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
   const int threads = static_cast<int>(ceil_div(ceil_div(slice_vectors, kTargetIters), kWarp) * kWarp);
