@@ -2,9 +2,9 @@
 
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
 loads (an odd row length), a group of lanes per row, a block per row in registers, a row split over the blocks of
-a cluster on sm_90 each holding its slice in registers (the forward at 20000 and 65536 without a causal limit),
-and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the backward at
-20000 and 65536, and 40001 over 16 blocks for element-wise loads).
+a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit, but for the fp64
+backward at 65536), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster
+(the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads).
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys
