@@ -1,9 +1,11 @@
 """Runs every CUDA kernel variant once, forward and backward: for compute-sanitizer (scripts/sanitize.sh).
 
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
-loads (an odd row length), a group of lanes per row, a block per row in registers, and the two-pass kernels, a
-block per row (causal rows, and 20000 in 16-bit types) or split over the blocks of a cluster on sm_90 (20000 in
-fp32 and fp64, 65536 in every dtype, 40001 over 16 blocks for element-wise loads).
+loads (an odd row length), a group of lanes per row, a block per row in registers, a row split over the blocks of
+a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the backward but in
+fp64 at 65536, the forward with an additive mask), and the two-pass kernels, a block per row (causal rows) or split
+over the blocks of a cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for
+element-wise loads).
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys

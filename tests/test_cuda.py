@@ -9,7 +9,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("cols", [65536, 262144, 262147])  # two passes over slices: 2 and 8 blocks a row in bf16
+# bf16: a cluster of 4 and of 16 blocks holding a row in registers, two passes over slices (element-wise loads,
+# and a row beyond 16 blocks' registers); fp32 at 65536: a cluster of 8 in registers, otherwise two passes.
+@pytest.mark.parametrize("cols", [65536, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
     x = random_scores((2, cols), dtype, "cuda").requires_grad_()
     mask = torch.zeros(cols, dtype=dtype, device="cuda")

@@ -37,6 +37,21 @@ struct GradientRow {
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
+    pin_addresses();
+  }
+
+  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
+  __device__ __forceinline__ void start_at(Index begin) {
+    y += begin;
+    dy += begin;
+    dx += begin;
+    pin_addresses();
+    end -= begin;
+    visible_end = visible_end > begin ? visible_end - begin : 0;
+  }
+
+  // The row's addresses formed once (row_address) where columns are 32-bit.
+  __device__ __forceinline__ void pin_addresses() {
     if constexpr (std::is_same_v<Index, int>) {
       y = row_address(y);
       dy = row_address(dy);
@@ -125,31 +140,64 @@ constexpr int backward_max_threads = max_threads_for(ITERS * registers_for<scala
 template <typename scalar_t, int VEC, int ITERS>
 constexpr bool kBackwardIn64Registers = sizeof(scalar_t) == 2 && ITERS * VEC <= 32;
 
-// Row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
-// elements of y and of dy each; one reduction, one read of y and dy, one write of dx.
+// __launch_bounds__'s minimum blocks a multiprocessor for a register kernel: those of 64 registers a thread where
+// kBackwardIn64Registers.
+template <typename scalar_t, int VEC, int ITERS>
+constexpr int backward_min_blocks = kBackwardIn64Registers<scalar_t, VEC, ITERS>
+                                        ? blocks_at_64_registers(backward_max_threads<scalar_t, VEC, ITERS>)
+                                        : 1;
+
+// One row in registers: ITERS vectors of VEC elements of y and of dy a thread of `cover`; one reduction over the
+// threads that share the row by `reduce(value, op, identity)`, one read of y and dy, one write of dx.
+template <int VEC, int ITERS, typename Row, typename Reduce>
+__device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCover& cover, Reduce&& reduce) {
+  using acc_t = typename Row::acc_t;
+  // Every vector loaded, clamped, as in the forward: left unset where a conditional load brought nothing, the
+  // array cost registers (ptxas, sm_90: bf16 at four vectors a thread 84 against 64).
+  typename Row::Raw raw[ITERS];
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(g, cover.column(i, VEC), raw[i]);
+  acc_t local_dot = 0;
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);
+  const acc_t row_dot = reduce(local_dot, SumOp(), acc_t(0));
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) g.store_gradient(cover.column(i, VEC), raw[i], row_dot);
+}
+
+// Rows in registers: `width` threads per row (a group of lanes, or the whole block).
 template <typename scalar_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
-                                  kBackwardIn64Registers<scalar_t, VEC, ITERS>
-                                      ? blocks_at_64_registers(backward_max_threads<scalar_t, VEC, ITERS>)
-                                      : 1) backward_in_registers(const BackwardParams p, const int width) {
+                                  backward_min_blocks<scalar_t, VEC, ITERS>)
+    backward_in_registers(const BackwardParams p, const int width) {
   using Row = GradientRow<scalar_t, VEC, kCausal, int>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
+  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+    return row_reduce(value, op, identity, width, shared);
+  };
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
-    const Row g(p, row);
-    // Every vector loaded, clamped, as in the forward: left unset where a conditional load brought nothing, the
-    // array cost registers (ptxas, sm_90: bf16 at four vectors a thread 84 against 64).
-    typename Row::Raw raw[ITERS];
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) load_clamped<VEC>(g, cover.column(i, VEC), raw[i]);
-    acc_t local_dot = 0;
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);
-    const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), width, shared);
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) g.store_gradient(cover.column(i, VEC), raw[i], row_dot);
+    gradient_in_registers<VEC, ITERS>(Row(p, row), cover, reduce);
   }
+}
+
+// Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit, as in
+// forward_in_cluster: one slice of a row for each block of a cluster, in registers, the slices' sums of dy * y
+// added through distributed shared memory. A row is read once, where the two-pass kernel reads it twice.
+template <typename scalar_t, int VEC>
+__global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIters>,
+                                  backward_min_blocks<scalar_t, VEC, kTargetIters>)
+    backward_in_cluster(const BackwardParams p, const int blocks_per_row) {
+  using Row = GradientRow<scalar_t, VEC, false, int>;
+  const RowCover cover(blockDim.x);
+  for_each_cluster_row<typename Row::acc_t, VEC>(p, blocks_per_row,
+                                                 [&](int64_t row, int begin, int width, const auto& reduce) {
+    Row g(p, row);
+    g.start_at(begin);
+    g.clip(width);
+    gradient_in_registers<VEC, kTargetIters>(g, cover, reduce);
+  });
 }
 
 // Rows beyond one block's registers, in two passes over slices of the row as in forward_two_pass: pass 1 sums

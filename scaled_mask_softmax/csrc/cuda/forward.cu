@@ -16,11 +16,23 @@ namespace {
 // loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10).
 constexpr int64_t kCausalTwoPassColumns = 16384;
 
+// Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
+// of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
+// faster (benchmarks/NOTES.md, v11).
+template <typename mask_t>
+constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns)) {
+    if constexpr (kClusterForwardsMask<mask_t>) {
+      if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC>, p, VEC,
+                            forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+        return;
+      }
+    }
     launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
     return;
   }

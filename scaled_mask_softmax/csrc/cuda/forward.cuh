@@ -77,15 +77,16 @@ constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS> ||
                                 (sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && !kCausal &&
                                  (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
 
-// One row in registers: `width` threads per row (a group of lanes, or the whole block), ITERS vectors of VEC
-// elements each; two reductions (max, sum), one read of x and mask, one write of y (columns before `store_end`).
+// One row in registers: the threads of `cover` that share it (a group of lanes, or the whole block), ITERS vectors of
+// VEC elements each; two reductions over them by `reduce(value, op, identity)` (max, sum), one read of x and mask,
+// one write of y (columns before `store_end`).
 // kReform: the scores are formed twice (kReformsScores). kSkipHidden: vectors wholly past the visible keys (a
 // causal row's) take no exponentials; a branch per vector, which costs some kernels registers, so only causal rows
 // take it.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader>
-__device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, int width,
-                                                     at::opmath_type<scalar_t>* shared, scalar_t* y,
-                                                     int store_end) {
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader,
+          typename Reduce>
+__device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, Reduce&& reduce,
+                                                     scalar_t* y, int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   auto column = [&](int i) { return cover.column(i, VEC); };
@@ -118,7 +119,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) Loader::reform_after(raw[i]);
   }
-  const acc_t row_max = row_reduce(local_max, MaxOp(), kMasked, width, shared);
+  const acc_t row_max = reduce(local_max, MaxOp(), kMasked);
   // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
   const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
   acc_t local_sum = 0;
@@ -139,7 +140,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
     }
   };
   with_row_exp(shift, exponentiate);
-  const acc_t sum = row_reduce(local_sum, SumOp(), acc_t(0), width, shared);
+  const acc_t sum = reduce(local_sum, SumOp(), acc_t(0));
   const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
@@ -150,22 +151,51 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
+// __launch_bounds__'s minimum blocks a multiprocessor for a register kernel: those of 64 registers a thread where
+// kIn64Registers.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+constexpr int forward_min_blocks = kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
+                                       ? blocks_at_64_registers(forward_max_threads<scalar_t, VEC, ITERS>)
+                                       : 1;
+
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
 // the rows have a causal limit.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
-                                      ? blocks_at_64_registers(forward_max_threads<scalar_t, VEC, ITERS>)
-                                      : 1) forward_in_registers(const ForwardParams p, const int width) {
+                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kCausal>)
+    forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
+  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+    return row_reduce(value, op, identity, width, shared);
+  };
   for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
     const int64_t row = p.order.row(visit);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
-        ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, width, shared,
+        ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, reduce,
         static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
   }
+}
+
+// Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit: a row is split
+// into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at
+// kTargetIters vectors a thread as forward_in_registers does a whole row, the slices' max and sum combined through
+// distributed shared memory. A row is read once, where the two-pass kernels read it twice.
+template <typename scalar_t, typename mask_t, int VEC>
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
+                                  forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, false>)
+    forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RowCover cover(blockDim.x);
+  for_each_cluster_row<acc_t, VEC>(p, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
+    const int64_t row = p.order.row(visit);
+    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
+    loader.start_at(begin);
+    loader.clip(width);
+    softmax_in_registers<scalar_t, mask_t, VEC, kTargetIters, kReformsScores<scalar_t, mask_t, VEC, kTargetIters>,
+                         false>(loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+  });
 }
 
 // A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "../params.h"
+#include "reduce.cuh"
 
 namespace sms {
 
@@ -102,6 +103,26 @@ struct RowSlice {
   __device__ __forceinline__ int64_t row_step() const { return gridDim.x / blocks_per_row; }
 };
 
+// Calls body(visit, begin, width, reduce) for each row a block takes in a kernel that splits rows over the blocks
+// of a cluster (launch_in_cluster): `visit` counts the rows as a grid takes them, [begin, begin + width) is the
+// block's slice of the row, and reduce(value, op, identity) combines one value a thread over the whole row, through
+// distributed shared memory. Every thread of every block of the cluster runs it.
+template <typename acc_t, int VEC, typename Params, typename Body>
+__device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks_per_row, Body&& body) {
+  __shared__ acc_t shared[kWarp];
+  __shared__ ClusterExchange<acc_t, kMaxClusterBlocks> exchange;
+  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  exchange.start();
+  int round = 0;
+  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+    return exchange.reduce(row_reduce(value, op, identity, blockDim.x, shared), op, blocks_per_row, round++);
+  };
+  for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
+    body(visit, static_cast<int>(slice.begin), static_cast<int>(slice.end - slice.begin), reduce);
+  }
+  exchange.finish();
+}
+
 // Rows that one block (or a group of lanes) holds in registers, kTargetIters vectors per thread where the row
 // allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds).
 inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
@@ -138,45 +159,68 @@ inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
       std::min(ceil_div(rows, rows_per_block), int64_t{std::numeric_limits<int>::max()} / rows_per_block));
 }
 
-// Launches kernel(p, blocks_per_row), a two-pass kernel. Where the kernel runs sm_90 code, a row without a causal
-// limit is split over the blocks of one cluster, enough (up to kMaxClusterBlocks) that a slice is at most
-// kSweepsPerSlice unrolled sweeps of a block: small slices are still in L2 when the second pass reads them, and a
-// row's work is spread over more multiprocessors. Otherwise, or where the device holds no such cluster, a block
-// takes a whole row. benchmarks/NOTES.md, v6: slices of one or two sweeps, and causal rows in clusters (most of
-// their slices hold only zeros), measured slower; v10: fewer rows at once, to keep pass 1's reads within the L2,
-// measured slower too.
+// Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to a row;
+// false where the kernel has no sm_90 code or the device holds no such cluster.
 template <typename Params>
-void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cudaStream_t stream) {
+bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_per_row, int threads,
+                     cudaStream_t stream) {
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const int64_t slice = static_cast<int64_t>(kLongRowThreads) * kUnroll * vec * kSweepsPerSlice;
-  int blocks_per_row = 1;
-  if (attributes.binaryVersion >= 90 && !p.is_causal) {
-    blocks_per_row = std::min<int>(next_power_of_two(ceil_div(p.cols, slice)), kMaxClusterBlocks);
-  }
+  if (attributes.binaryVersion < 90) return false;
   if (blocks_per_row > 8 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
     (void)cudaGetLastError();
-    blocks_per_row = 8;
+    return false;
   }
-  for (; blocks_per_row > 1; blocks_per_row /= 2) {
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = blocks_per_row;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
-    config.blockDim = dim3(kLongRowThreads);
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int resident_clusters = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
-    if (resident_clusters > 0) {
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
-      return;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = blocks_per_row;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int resident_clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
+  if (resident_clusters == 0) return false;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
+  return true;
+}
+
+// Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers,
+// kTargetIters vectors a thread and at most `max_threads` threads a block: as few blocks as hold the row, up to
+// kMaxClusterBlocks. False for rows with a causal limit (most of their slices would hold only zeros), for rows that
+// one block holds or that more than kMaxClusterBlocks do, or where the device holds no such cluster.
+template <typename Params>
+bool launch_in_cluster(void (*kernel)(Params, int), const Params& p, int vec, int max_threads, cudaStream_t stream) {
+  if (p.is_causal) return false;
+  const int64_t vectors = ceil_div(p.cols, vec);
+  const int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
+  // One block's rows are the register kernels'.
+  if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return false;
+  // RowSlice's slices: as many whole vectors to each block but the last.
+  const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
+  const int threads = static_cast<int>(ceil_div(ceil_div(slice_vectors, kTargetIters), kWarp) * kWarp);
+  return launch_clusters(kernel, p, blocks_per_row, threads, stream);
+}
+
+// Launches kernel(p, blocks_per_row), a two-pass kernel. A row without a causal limit is split over the blocks of
+// one cluster where the device holds one, enough (up to kMaxClusterBlocks) that a slice is at most kSweepsPerSlice
+// unrolled sweeps of a block: small slices are still in L2 when the second pass reads them, and a row's work is
+// spread over more multiprocessors. Otherwise a block takes a whole row. benchmarks/NOTES.md, v6: slices of one or
+// two sweeps, and causal rows in clusters (most of their slices hold only zeros), measured slower; v10: fewer rows
+// at once, to keep pass 1's reads within the L2, measured slower too.
+template <typename Params>
+void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cudaStream_t stream) {
+  const int64_t slice = static_cast<int64_t>(kLongRowThreads) * kUnroll * vec * kSweepsPerSlice;
+  if (!p.is_causal) {
+    for (int blocks_per_row = std::min<int>(next_power_of_two(ceil_div(p.cols, slice)), kMaxClusterBlocks);
+         blocks_per_row > 1; blocks_per_row /= 2) {
+      if (launch_clusters(kernel, p, blocks_per_row, kLongRowThreads, stream)) return;
     }
   }
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);

@@ -181,15 +181,28 @@ struct ScoreLoader {
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     x = static_cast<const scalar_t*>(p.x) + x_start;
     mask = static_cast<const mask_t*>(p.mask) + mask_start;
+    pin_addresses();
+    visible_end = static_cast<Index>(sms::visible_end(p, row));
+  }
+
+  // The row's addresses formed once (row_address) where columns are 32-bit.
+  __device__ __forceinline__ void pin_addresses() {
     if constexpr (std::is_same_v<Index, int>) {
       x = row_address(x);
       mask = row_address(mask);
     }
-    visible_end = static_cast<Index>(sms::visible_end(p, row));
   }
 
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(Index end) { visible_end = visible_end < end ? visible_end : end; }
+
+  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
+  __device__ __forceinline__ void start_at(Index begin) {
+    x += begin;
+    mask += begin;
+    pin_addresses();
+    visible_end = visible_end > begin ? visible_end - begin : 0;
+  }
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
