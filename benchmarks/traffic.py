@@ -1,0 +1,126 @@
+"""What the device memory sustains for the mixes of reads and writes that the op's passes make, against the copy
+ceiling that the benchmark's floor divides by. Each mix is a Triton kernel that does nothing else:
+
+  copy          reads x, writes y (one byte read for each written, as the ceiling's copy)
+  write         writes y (as a causal row's zeros past its visible keys)
+  read          reads x
+  causal copy   each row reads the keys it sees and writes all of y's row: the causal forward's bytes in a plain
+                tiled kernel, without its arithmetic
+
+The op's forward, with and without a causal limit, is timed beside the causal copy at each row length. Each is
+timed twice: as the benchmark times (triton's do_bench, whose L2 flush zeroes a buffer before each run, leaving
+dirty lines that the timed kernel then writes back) and with a flush that reads the buffer (clean lines). Rates
+are the bytes that must move (bench.necessary_bytes) per second; their ratio to the ceiling is 1 / (time over
+the floor). Run on a GPU: python benchmarks/traffic.py
+"""
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+import scaled_mask_softmax as sms
+from scaled_mask_softmax import bench
+
+BLOCK = 4096
+ELEMENTS = 1 << 29  # 1 GiB of bf16
+FLUSH_BYTES = 256 << 20
+REPEATS = 50
+
+
+@triton.jit
+def copy_kernel(x, y, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offsets, tl.load(x + offsets, mask=offsets < n), mask=offsets < n)
+
+
+@triton.jit
+def write_kernel(y, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offsets, tl.zeros([BLOCK], dtype=y.dtype.element_ty), mask=offsets < n)
+
+
+@triton.jit
+def read_kernel(x, sums, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(x + offsets, mask=offsets < n, other=0.0).to(tl.float32)
+    tl.store(sums + tl.program_id(0), tl.sum(values))
+
+
+@triton.jit
+def causal_copy_kernel(x, y, rows_per_matrix, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    columns = tl.program_id(1) * COLS + tl.arange(0, COLS)[None, :]
+    visible = rows % rows_per_matrix + 1
+    values = tl.load(x + rows * cols + columns, mask=columns < visible, other=0.0)
+    tl.store(y + rows * cols + columns, values, mask=columns < cols)
+
+
+def median_ms_clean_flush(fn):
+    """do_bench's loop with a flush that reads a buffer larger than the L2 instead of zeroing it."""
+    buffer = torch.ones(FLUSH_BYTES // 4, device="cuda")
+    sums = torch.empty(triton.cdiv(buffer.numel(), BLOCK), device="cuda")
+
+    def flush():
+        read_kernel[(sums.numel(),)](buffer, sums, buffer.numel(), BLOCK=BLOCK)
+
+    for _ in range(5):
+        flush()
+        fn()
+    times = []
+    for _ in range(REPEATS):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def both_ways(fn):
+    return triton.testing.do_bench(fn, return_mode="median"), median_ms_clean_flush(fn)
+
+
+def main() -> int:
+    x = torch.randn(ELEMENTS, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    size = x.numel() * x.element_size()
+    sums = torch.empty(triton.cdiv(x.numel(), BLOCK), device="cuda")
+    grid = (triton.cdiv(x.numel(), BLOCK),)
+    ceiling = bench.copy_bytes_per_ms(x.device) / 1e6
+    print(f"the benchmark's copy ceiling (torch's copy, fp32): {ceiling:.0f} GB/s")
+    print(f"{'mix':<30}{'flush':>8}{'GB/s':>8}{'/ ceiling':>11}")
+
+    def report(name, byte_count, times):
+        for flush, ms in zip(("zeroes", "reads"), times):
+            rate = byte_count / ms / 1e6
+            print(f"{name:<30}{flush:>8}{rate:>8.0f}{rate / ceiling:>11.3f}")
+
+    report("copy", 2 * size, both_ways(lambda: copy_kernel[grid](x, y, x.numel(), BLOCK=BLOCK)))
+    report("write", size, both_ways(lambda: write_kernel[grid](y, y.numel(), BLOCK=BLOCK)))
+    report("read", size, both_ways(lambda: read_kernel[grid](x, sums, x.numel(), BLOCK=BLOCK)))
+    for cols in (128, 1024, 4096, 16384):
+        matrices = ELEMENTS // (cols * cols)
+        shape = (1, matrices, cols, cols)
+        scores = x.view(shape)
+        out = y.view(shape)
+        byte_count = bench.necessary_bytes("fwd", shape, x.element_size(), True)
+        tile_cols = min(BLOCK, cols)
+        tile_rows = BLOCK // tile_cols
+        causal_grid = (matrices * cols // tile_rows, cols // tile_cols)
+        report(f"causal copy, {cols} columns", byte_count,
+               both_ways(lambda: causal_copy_kernel[causal_grid](scores, out, cols, cols, ROWS=tile_rows,
+                                                                 COLS=tile_cols)))
+        for name, is_causal in (("softmax", False), ("causal softmax", True)):
+            byte_count = bench.necessary_bytes("fwd", shape, x.element_size(), is_causal)
+            report(f"{name}, {cols} columns", byte_count,
+                   both_ways(lambda: sms.scaled_mask_softmax(scores, None, 1.0, is_causal)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
