@@ -150,14 +150,6 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
   p.order = RowOrder{};
-  if (mask.kind != MaskKind::kNone && p.shape.dims > 1 && p.mask_strides.stride[0] == 0 &&
-      p.shape.size[0].value > 1) {
-    // The mask's rows repeat over the outermost dim; where they differ within it (a bias, not a padding mask
-    // broadcast over everything), take each mask row's repeats together.
-    bool varies_within = false;
-    for (int d = 1; d < p.shape.dims; ++d) varies_within = varies_within || p.mask_strides.stride[d] != 0;
-    if (varies_within) p.order = RowOrder{p.shape.size[0], p.rows / p.shape.size[0].value};
-  }
   set_causal_limit(x, is_causal, causal_variant, p);
   p.scale = scale;
   return {x, mask.expanded, y, mask.kind};

@@ -140,12 +140,9 @@ constexpr int backward_max_threads = max_threads_for(ITERS * registers_for<scala
 template <typename scalar_t, int VEC, int ITERS>
 constexpr bool kBackwardIn64Registers = sizeof(scalar_t) == 2 && ITERS * VEC <= 32;
 
-// __launch_bounds__'s minimum blocks a multiprocessor for a register kernel: those of 64 registers a thread where
-// kBackwardIn64Registers.
 template <typename scalar_t, int VEC, int ITERS>
-constexpr int backward_min_blocks = kBackwardIn64Registers<scalar_t, VEC, ITERS>
-                                        ? blocks_at_64_registers(backward_max_threads<scalar_t, VEC, ITERS>)
-                                        : 1;
+constexpr int backward_min_blocks =
+    min_blocks_for(kBackwardIn64Registers<scalar_t, VEC, ITERS>, backward_max_threads<scalar_t, VEC, ITERS>);
 
 // One row in registers: ITERS vectors of VEC elements of y and of dy a thread of `cover`; one reduction over the
 // threads that share the row by `reduce(value, op, identity)`, one read of y and dy, one write of dx.

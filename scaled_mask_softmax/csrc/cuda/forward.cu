@@ -70,6 +70,20 @@ int64_t distinct_bytes(const at::Tensor& t) {
   return elements * t.element_size();
 }
 
+// The order in which the kernels take rows. Where the mask's rows repeat over the outermost dim but differ within
+// it (a bias, not a padding mask broadcast over everything), each mask row's repeats are taken together; but only
+// where the mask is larger than half the L2: a smaller one stays there in any order, and the reordered rows lose
+// their neighbours in memory (benchmarks/NOTES.md, v9).
+RowOrder row_order(const ForwardParams& p, const at::Tensor& mask) {
+  if (p.mask == nullptr || p.shape.dims < 2 || p.mask_strides.stride[0] != 0 || p.shape.size[0].value < 2) {
+    return {};
+  }
+  bool varies_within = false;
+  for (int d = 1; d < p.shape.dims; ++d) varies_within = varies_within || p.mask_strides.stride[d] != 0;
+  if (!varies_within || distinct_bytes(mask) < l2_bytes() / 2) return {};
+  return {p.shape.size[0], p.rows / p.shape.size[0].value};
+}
+
 at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale, bool is_causal,
                         c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -77,11 +91,7 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   ForwardOperands operands = make_forward_params(
       x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.y;
-  // Rows reordered for their mask (RowOrder) only where it is larger than half the L2: a smaller one stays there
-  // in any order, and the reordered rows lose their neighbours in memory (benchmarks/NOTES.md, v9).
-  if (p.order.outer.value > 1 && distinct_bytes(operands.mask) < l2_bytes() / 2) {
-    p.order = RowOrder{};
-  }
+  p.order = row_order(p, operands.mask);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
     dispatch_mask<scalar_t>(operands.mask_kind, [&](auto mask_tag) {

@@ -151,12 +151,9 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-// __launch_bounds__'s minimum blocks a multiprocessor for a register kernel: those of 64 registers a thread where
-// kIn64Registers.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
-constexpr int forward_min_blocks = kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>
-                                       ? blocks_at_64_registers(forward_max_threads<scalar_t, VEC, ITERS>)
-                                       : 1;
+constexpr int forward_min_blocks =
+    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>, forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
 // the rows have a causal limit.

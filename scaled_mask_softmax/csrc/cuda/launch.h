@@ -45,9 +45,11 @@ constexpr int registers_for(int vec, int operands) {
   return operands * vec * static_cast<int>(sizeof(T)) / 4 * (sizeof(T) == 8 ? 2 : 1);
 }
 
-// Blocks of `threads` threads that fit a multiprocessor at 64 registers a thread: as __launch_bounds__'s minimum
-// blocks, it holds a kernel to 64 registers.
-constexpr int blocks_at_64_registers(int threads) { return 65536 / (64 * threads); }
+// __launch_bounds__'s minimum blocks a multiprocessor for a kernel of `threads` threads a block: where
+// `in_64_registers`, the blocks that fit at 64 registers a thread, which holds the kernel to 64; otherwise 1.
+constexpr int min_blocks_for(bool in_64_registers, int threads) {
+  return in_64_registers ? 65536 / (64 * threads) : 1;
+}
 
 SMS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
