@@ -26,8 +26,8 @@ def test_very_long_rows(dtype, cols):
 
 def test_more_long_rows_than_the_l2_holds():
     """More long rows than the two-pass kernels may take at once and still find in L2 what their first pass read,
-    with a mask shared over the batch and larger than half the L2 (42 MB), which has them take rows in the mask's
-    order (RowOrder)."""
+    with a mask shared over the batch and larger than half of an H100's or H200's L2 (42 MB), which has them take
+    rows in the mask's order (RowOrder)."""
     cols = 65536
     x = random_scores((3, 320, cols), torch.bfloat16, "cuda").requires_grad_()
     mask = random_scores((320, cols), torch.bfloat16, "cuda", generator_seed=2)
