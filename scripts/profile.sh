@@ -9,9 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
-ncu --clock-control none --kernel-name-base demangled --kernel-name regex:'(forward|backward)_(in_registers|two_pass)' \
+ncu --clock-control none --kernel-name-base demangled \
+    --kernel-name regex:'(forward|backward)_(in_registers|in_cluster|two_pass)' \
     --launch-skip "${SKIP:-3}" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-    --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_ARGS:-} \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section InstructionStats ${NCU_ARGS:-} \
     python3 benchmarks/sweep.py --tag profile "$@" >"$OUT/profile.txt" 2>&1
 echo "profile: exit $? | $(grep -m1 -E '^ +Duration' "$OUT/profile.txt")"
