@@ -15,8 +15,8 @@ template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
   if (!plan.in_registers) {
-    if (kCausal || !launch_in_cluster(backward_in_cluster<scalar_t, VEC>, p, VEC,
-                                      backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+    if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC>, p, VEC,
+                           backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
       launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
     return;
