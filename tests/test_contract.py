@@ -9,8 +9,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 # Row lengths and the CUDA branch each reaches (16-bit types read 8-element vectors, fp32 4, fp64 2; a row
 # length that is not a multiple of the vector is read element by element):
-#   1..256 vectors: a group of 1..32 lanes per row, up to 8 vectors per lane (many rows per warp);
-#   then one block per row with the row in registers, up to 16384 columns (4096 element by element);
+#   1..128 vectors: a group of 1..32 lanes per row, up to 4 vectors per lane (many rows per warp);
+#   then one block per row with the row in registers, up to 16384 columns (4096 element by element), the max and
+#   sum reduced at once from blocks of 256 threads (rows of over 896 vectors);
 #   beyond: two passes, one block per row; on sm_90 a row without a causal limit is split over the blocks of a
 #   cluster, a slice each, once it is longer than 4096 vectors (20000: two blocks in fp32, eight element by element).
 ROW_LENGTHS = [1, 2, 3, 7, 8, 31, 33, 64, 100, 256, 257, 1000, 1024, 2048, 2056, 4096, 5001, 8200, 16384, 16392,
@@ -47,8 +48,9 @@ def test_row_lengths(device, dtype, cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-# Rows of a group of lanes, of a warp, of four warps (4096 in 16 bits) and of whole blocks.
-@pytest.mark.parametrize("cols", [64, 37, 3000, 4096, 20000])
+# Rows of a group of lanes, of a warp, of four warps (4096 in 16 bits), of a block of 384 threads, which reduces
+# its max and sum at once, and of whole blocks of a cluster.
+@pytest.mark.parametrize("cols", [64, 37, 3000, 4096, 12000, 20000])
 @pytest.mark.parametrize("mask_form", ["keys", "query_keys", "padding", "padding_bool", "heads_bias", "full",
                                        "full_bool", "expanded", "float32_bias", "key_column"])
 def test_mask_forms(device, dtype, cols, mask_form):
@@ -134,7 +136,7 @@ def test_article_matrix(device, dtype, size, variant):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [5, 64, 3000, 20000])
+@pytest.mark.parametrize("cols", [5, 64, 3000, 12000, 20000])
 def test_fully_masked_rows_give_zeros_and_zero_gradient(device, dtype, cols):
     x = random_scores((4, cols), dtype, device)
     bool_mask = torch.ones(4, cols, dtype=torch.bool)

@@ -22,6 +22,12 @@ constexpr int64_t kCausalTwoPassColumns = 16384;
 template <typename mask_t>
 constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
 
+// Rows that a block of at least this many threads shares reduce their max and sum at once (kOneReduction): with
+// eight warps or more, a row's barriers cost more than the exponential a thread that adds. At 128 threads (4096
+// bf16 columns) it measured no faster, at 512 (16384) 1.25 -> 1.17 of the floor; groups of lanes measured slower
+// (benchmarks/NOTES.md, v13).
+constexpr int kOneReductionThreads = 256;
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -33,17 +39,23 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
         return;
       }
     }
-    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC>, p, VEC, stream);
+    with_flag(p.is_causal, [&](auto causal) {
+      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kTwoPassMinBlocks<scalar_t, mask_t, causal()>>, p,
+                      VEC, stream);
+    });
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     const unsigned blocks = blocks_for(p.rows, plan);
-    if (p.is_causal) {
-      forward_in_registers<scalar_t, mask_t, VEC, kIters, true><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
-    } else {
-      forward_in_registers<scalar_t, mask_t, VEC, kIters, false><<<blocks, plan.threads, 0, stream>>>(p, plan.width);
-    }
+    // Below kTargetIters vectors a thread, rows are shared by groups of lanes only.
+    constexpr bool kMayReduceOnce = std::is_same_v<acc_t, float> && kIters >= kTargetIters;
+    with_flag(p.is_causal, [&](auto causal) {
+      with_flag(kMayReduceOnce && plan.width >= kOneReductionThreads, [&](auto one_reduction) {
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), kMayReduceOnce && one_reduction()>
+            <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
+      });
+    });
   });
 }
 

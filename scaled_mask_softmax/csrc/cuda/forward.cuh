@@ -57,6 +57,42 @@ __device__ __forceinline__ void with_row_exp(acc_t shift, Body&& body) {
   body(SubtractedExp<acc_t>{shift});
 }
 
+// A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).
+template <typename acc_t>
+struct SoftmaxStats {
+  acc_t max;
+  acc_t sum;
+
+  // The sum shifted by `row_max` instead, row_max >= max. An all-masked part adds its sum as it is: 0, or NaN.
+  __device__ __forceinline__ acc_t sum_shifted_to(acc_t row_max) const {
+    return max == -std::numeric_limits<acc_t>::infinity() ? sum : sum * exp_of(max - row_max);
+  }
+};
+
+struct MergeStats {
+  template <typename acc_t>
+  __device__ __forceinline__ SoftmaxStats<acc_t> operator()(const SoftmaxStats<acc_t>& a,
+                                                            const SoftmaxStats<acc_t>& b) const {
+    const acc_t max = fmax(a.max, b.max);
+    return {max, a.sum_shifted_to(max) + b.sum_shifted_to(max)};
+  }
+};
+
+// SoftmaxStats<float> as one 64-bit word, which one shuffle (or shared-memory slot) moves: max in the low half.
+__device__ __forceinline__ uint64_t pack_stats(SoftmaxStats<float> stats) {
+  return static_cast<uint64_t>(__float_as_uint(stats.sum)) << 32 | __float_as_uint(stats.max);
+}
+
+__device__ __forceinline__ SoftmaxStats<float> unpack_stats(uint64_t word) {
+  return {__uint_as_float(static_cast<uint32_t>(word)), __uint_as_float(static_cast<uint32_t>(word >> 32))};
+}
+
+struct MergePackedStats {
+  __device__ __forceinline__ uint64_t operator()(uint64_t a, uint64_t b) const {
+    return pack_stats(MergeStats()(unpack_stats(a), unpack_stats(b)));
+  }
+};
+
 // bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
 // in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
@@ -78,13 +114,17 @@ constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS> ||
                                  (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
 
 // One row in registers: the threads of `cover` that share it (a group of lanes, or the whole block), ITERS vectors of
-// VEC elements each; two reductions over them by `reduce(value, op, identity)` (max, sum), one read of x and mask,
-// one write of y (columns before `store_end`).
+// VEC elements each; reductions over them by `reduce(value, op, identity)`, one read of x and mask, one write of y
+// (columns before `store_end`).
 // kReform: the scores are formed twice (kReformsScores). kSkipHidden: vectors wholly past the visible keys (a
 // causal row's) take no exponentials; a branch per vector, which costs some kernels registers, so only causal rows
-// take it.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, typename Loader,
-          typename Reduce>
+// take it. kOneReduction (fp32 scores): each thread exponentiates by its own max, and one reduction of the
+// threads' (max, sum) pairs, packed in 64 bits, gives the row's, after which a thread rescales its terms by
+// exp(own max - row max) / sum: one chain of shuffles and barriers a row instead of two (max, then sum), at one
+// exponential more a thread and a few more in each step of the reduction. Otherwise the row's max is reduced
+// first and the sum after.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, bool kOneReduction,
+          typename Loader, typename Reduce>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, Reduce&& reduce,
                                                      scalar_t* y, int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -119,7 +159,8 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) Loader::reform_after(raw[i]);
   }
-  const acc_t row_max = reduce(local_max, MaxOp(), kMasked);
+  acc_t row_max = local_max;
+  if constexpr (!kOneReduction) row_max = reduce(local_max, MaxOp(), kMasked);
   // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
   const acc_t shift = row_max == kMasked ? acc_t(0) : row_max;
   acc_t local_sum = 0;
@@ -139,9 +180,20 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
       }
     }
   };
-  with_row_exp(shift, exponentiate);
-  const acc_t sum = reduce(local_sum, SumOp(), acc_t(0));
-  const acc_t inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+  acc_t inverse;
+  if constexpr (kOneReduction) {
+    // Not FusedExp: its rounding of shift * log2(e) cancels only where every term of the row shares the shift.
+    exponentiate(SubtractedExp<acc_t>{shift});
+    const SoftmaxStats<float> row =
+        unpack_stats(reduce(pack_stats({local_max, local_sum}), MergePackedStats(), pack_stats({kMasked, 0.0f})));
+    // This thread's terms were shifted by its own max, at most the row's. A NaN sum still reaches every term.
+    const float rescale = local_max == kMasked ? 0.0f : exp_of(local_max - row.max);
+    inverse = row.sum == 0.0f ? 0.0f : rescale / row.sum;
+  } else {
+    with_row_exp(shift, exponentiate);
+    const acc_t sum = reduce(local_sum, SumOp(), acc_t(0));
+    inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
+  }
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int col = column(i);
@@ -156,20 +208,23 @@ constexpr int forward_min_blocks =
     min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>, forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
-// the rows have a causal limit.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+// the rows have a causal limit; kOneReduction (fp32 scores only): as softmax_in_registers.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kCausal>)
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
-  __shared__ acc_t shared[kWarp];
+  static_assert(!kOneReduction || std::is_same_v<acc_t, float>, "one reduction packs fp32 max and sum");
+  // Slots of 8 bytes: an fp64 value, or an fp32 max and sum packed.
+  __shared__ uint64_t shared[kWarp];
   const RowCover cover(width);
-  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
-    return row_reduce(value, op, identity, width, shared);
+  const auto reduce = [&](auto value, auto op, auto identity) {
+    return row_reduce(value, op, identity, width, reinterpret_cast<decltype(value)*>(shared));
   };
   for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
     const int64_t row = p.order.row(visit);
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal>(
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal,
+                         kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, reduce,
         static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
   }
@@ -178,64 +233,64 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit: a row is split
 // into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at
 // kTargetIters vectors a thread as forward_in_registers does a whole row, the slices' max and sum combined through
-// distributed shared memory. A row is read once, where the two-pass kernels read it twice.
+// distributed shared memory (for fp32 scores in one exchange, packed). A row is read once, where the two-pass
+// kernels read it twice.
 template <typename scalar_t, typename mask_t, int VEC>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
                                   forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, false>)
     forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
   const RowCover cover(blockDim.x);
-  for_each_cluster_row<acc_t, VEC>(p, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
+  for_each_cluster_row<std::conditional_t<kOneReduction, uint64_t, acc_t>, VEC>(
+      p, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
     const int64_t row = p.order.row(visit);
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.start_at(begin);
     loader.clip(width);
     softmax_in_registers<scalar_t, mask_t, VEC, kTargetIters, kReformsScores<scalar_t, mask_t, VEC, kTargetIters>,
-                         false>(loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+                         false, kOneReduction>(loader, cover, reduce,
+                                               static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   });
 }
 
-// A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).
+// The row's max and sum from each thread's of a block: for fp32, one reduction of the pairs packed in 64 bits;
+// for fp64, the max and then the sums shifted to it. `shared`: the block's 8-byte slots.
 template <typename acc_t>
-struct SoftmaxStats {
-  acc_t max;
-  acc_t sum;
-
-  // The sum shifted by `row_max` instead, row_max >= max. An all-masked part adds its sum as it is: 0, or NaN.
-  __device__ __forceinline__ acc_t sum_shifted_to(acc_t row_max) const {
-    return max == -std::numeric_limits<acc_t>::infinity() ? sum : sum * exp_of(max - row_max);
+__device__ __forceinline__ SoftmaxStats<acc_t> block_stats(const SoftmaxStats<acc_t>& local, uint64_t* shared) {
+  constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+  if constexpr (std::is_same_v<acc_t, float>) {
+    return unpack_stats(row_reduce(pack_stats(local), MergePackedStats(), pack_stats({kMasked, 0.0f}), blockDim.x,
+                                   shared));
+  } else {
+    acc_t* slots = reinterpret_cast<acc_t*>(shared);
+    const acc_t max = row_reduce(local.max, MaxOp(), kMasked, blockDim.x, slots);
+    return {max, row_reduce(local.sum_shifted_to(max), SumOp(), acc_t(0), blockDim.x, slots)};
   }
-};
+}
 
-struct MergeStats {
-  template <typename acc_t>
-  __device__ __forceinline__ SoftmaxStats<acc_t> operator()(const SoftmaxStats<acc_t>& a,
-                                                            const SoftmaxStats<acc_t>& b) const {
-    const acc_t max = fmax(a.max, b.max);
-    return {max, a.sum_shifted_to(max) + b.sum_shifted_to(max)};
-  }
-};
-
-// The blocks a multiprocessor holds of the two-pass forward, as __launch_bounds__'s minimum. Three where the
-// slices in flight are those of x alone (no mask, or a bool mask, usually one row that every row shares): more
-// warps to issue from. One otherwise, which ptxas meets with about 96 registers and two blocks; with a 16-bit
-// mask, which doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2
-// (benchmarks/NOTES.md, v10).
-template <typename scalar_t, typename mask_t>
-constexpr int kTwoPassMinBlocks = sizeof(scalar_t) <= 4 && mask_bytes_v<mask_t> <= 1 ? 3 : 1;
+// The blocks a multiprocessor holds of the two-pass forward, as __launch_bounds__'s minimum. Where the slices in
+// flight are those of x alone (no mask, or a bool mask, usually one row that every row shares): three, more warps
+// to issue from (benchmarks/NOTES.md, v11), and four (64 registers) for causal rows, a lone block a row, which
+// read on average half a row each; four for full rows measured slower, their slices no longer found in L2 by pass
+// 2 (v13). One otherwise, which ptxas meets with about 96 registers and two blocks; with a 16-bit mask, which
+// doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2 (v10).
+template <typename scalar_t, typename mask_t, bool kCausal>
+constexpr int kTwoPassMinBlocks =
+    sizeof(scalar_t) <= 4 && mask_bytes_v<mask_t> <= 1 ? (kCausal ? 4 : 3) : 1;
 
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
 // the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
-// any is used, to keep enough bytes in flight.
-template <typename scalar_t, typename mask_t, int VEC>
-__global__ void __launch_bounds__(kLongRowThreads, kTwoPassMinBlocks<scalar_t, mask_t>)
+// any is used, to keep enough bytes in flight. kMinBlocks: kTwoPassMinBlocks.
+template <typename scalar_t, typename mask_t, int VEC, int kMinBlocks>
+__global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
-  __shared__ acc_t shared[kWarp];
+  __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
   const RowSlice slice(p.cols, VEC, blocks_per_row);
   if (blocks_per_row > 1) exchange.start();
@@ -263,10 +318,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kTwoPassMinBlocks<scalar_t, m
 #pragma unroll
       for (int v = 0; v < VEC; ++v) local_sum += exp_of(s[v] - shift);
     });
-    SoftmaxStats<acc_t> stats;
-    stats.max = row_reduce(local_max, MaxOp(), kMasked, blockDim.x, shared);
-    stats.sum = row_reduce(SoftmaxStats<acc_t>{local_max, local_sum}.sum_shifted_to(stats.max), SumOp(), acc_t(0),
-                           blockDim.x, shared);
+    SoftmaxStats<acc_t> stats = block_stats(SoftmaxStats<acc_t>{local_max, local_sum}, shared);
     if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
     const acc_t shift = stats.max == kMasked ? acc_t(0) : stats.max;
     const acc_t inverse = stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum;

@@ -108,15 +108,17 @@ struct RowSlice {
 // Calls body(visit, begin, width, reduce) for each row a block takes in a kernel that splits rows over the blocks
 // of a cluster (launch_in_cluster): `visit` counts the rows as a grid takes them, [begin, begin + width) is the
 // block's slice of the row, and reduce(value, op, identity) combines one value a thread over the whole row, through
-// distributed shared memory. Every thread of every block of the cluster runs it.
-template <typename acc_t, int VEC, typename Params, typename Body>
+// distributed shared memory. Value: what the reductions carry (a float, a double, or two floats packed in 64
+// bits), one type a kernel. Every thread of every block of the cluster runs it.
+template <typename Value, int VEC, typename Params, typename Body>
 __device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks_per_row, Body&& body) {
-  __shared__ acc_t shared[kWarp];
-  __shared__ ClusterExchange<acc_t, kMaxClusterBlocks> exchange;
+  __shared__ Value shared[kWarp];
+  __shared__ ClusterExchange<Value, kMaxClusterBlocks> exchange;
   const RowSlice slice(p.cols, VEC, blocks_per_row);
   exchange.start();
   int round = 0;
-  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+  const auto reduce = [&](auto value, auto op, auto identity) {
+    static_assert(std::is_same_v<decltype(value), Value>, "for_each_cluster_row reduces values of one type");
     return exchange.reduce(row_reduce(value, op, identity, blockDim.x, shared), op, blocks_per_row, round++);
   };
   for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
@@ -226,6 +228,16 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
     }
   }
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
+}
+
+// Calls body(std::bool_constant<flag>{}): a runtime flag as a template argument.
+template <typename Body>
+void with_flag(bool flag, Body&& body) {
+  if (flag) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
+  }
 }
 
 // Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.
