@@ -29,11 +29,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
 
 template <typename scalar_t, int VEC>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
-  if (p.is_causal) {
-    backward_ladder<scalar_t, VEC, true>(p, stream);
-  } else {
-    backward_ladder<scalar_t, VEC, false>(p, stream);
-  }
+  with_flag(p.is_causal, [&](auto causal) { backward_ladder<scalar_t, VEC, causal()>(p, stream); });
 }
 
 at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,

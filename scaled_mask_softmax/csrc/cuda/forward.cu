@@ -23,9 +23,9 @@ template <typename mask_t>
 constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
 
 // Rows that a block of at least this many threads shares reduce their max and sum at once (kOneReduction): with
-// eight warps or more, a row's barriers cost more than the exponential a thread that adds. At 128 threads (4096
-// bf16 columns) it measured no faster, at 512 (16384) 1.25 -> 1.17 of the floor; groups of lanes measured slower
-// (benchmarks/NOTES.md, v13).
+// eight warps or more, a second round of barriers costs more than the exponential a thread that one round adds.
+// At 128 threads (4096 bf16 columns) it measured no faster, at 512 (16384) 1.25 -> 1.17 of the floor; groups of
+// lanes measured slower (benchmarks/NOTES.md, v13).
 constexpr int kOneReductionThreads = 256;
 
 template <typename scalar_t, typename mask_t, int VEC>
