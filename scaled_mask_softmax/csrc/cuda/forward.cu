@@ -48,10 +48,11 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     const unsigned blocks = blocks_for(p.rows, plan);
-    // Below kTargetIters vectors a thread, rows are shared by groups of lanes only.
+    // Below kTargetIters vectors a thread, rows are shared by groups of lanes only: no kernel that reduces once is
+    // instantiated for them (nor for fp64 scores).
     constexpr bool kMayReduceOnce = std::is_same_v<acc_t, float> && kIters >= kTargetIters;
     with_flag(p.is_causal, [&](auto causal) {
-      with_flag(kMayReduceOnce && plan.width >= kOneReductionThreads, [&](auto one_reduction) {
+      with_flag(plan.width >= kOneReductionThreads, [&](auto one_reduction) {
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), kMayReduceOnce && one_reduction()>
             <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
       });
