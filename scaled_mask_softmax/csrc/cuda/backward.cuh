@@ -113,7 +113,7 @@ struct GradientRow {
   __device__ __forceinline__ void store_visible_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     acc_t dx_values[VEC];
     gradient(raw, row_dot, dx_values);
-    store_vector<VEC>(dx, col, dx_values);
+    store_vector<VEC, std::is_same_v<Index, int64_t>>(dx, col, dx_values);
   }
 
   // Hidden keys get 0, whatever their (unread) y holds.
@@ -128,7 +128,7 @@ struct GradientRow {
         if (v >= visible) dx_values[v] = 0;
       }
     }
-    store_vector<VEC>(dx, col, dx_values);
+    store_vector<VEC, std::is_same_v<Index, int64_t>>(dx, col, dx_values);
   }
 };
 
