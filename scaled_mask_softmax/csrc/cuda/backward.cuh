@@ -17,6 +17,9 @@ namespace sms {
 template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t>
 struct GradientRow {
   using acc_t = at::opmath_type<scalar_t>;
+  // Streaming stores (store_bits) only where a second pass reads its slice from L2: the two-pass kernel's rows,
+  // the ones indexed in 64 bits.
+  static constexpr bool kStoresEvictFirst = std::is_same_v<Index, int64_t>;
   struct Raw {
     Vector<scalar_t, VEC> y, dy;
   };
@@ -113,7 +116,7 @@ struct GradientRow {
   __device__ __forceinline__ void store_visible_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     acc_t dx_values[VEC];
     gradient(raw, row_dot, dx_values);
-    store_vector<VEC>(dx, col, dx_values);
+    store_vector<VEC, kStoresEvictFirst>(dx, col, dx_values);
   }
 
   // Hidden keys get 0, whatever their (unread) y holds.
@@ -128,7 +131,7 @@ struct GradientRow {
         if (v >= visible) dx_values[v] = 0;
       }
     }
-    store_vector<VEC>(dx, col, dx_values);
+    store_vector<VEC, kStoresEvictFirst>(dx, col, dx_values);
   }
 };
 

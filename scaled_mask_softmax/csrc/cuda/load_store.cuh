@@ -28,27 +28,34 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col) {
 
 // One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
 // 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
-// Marked streaming (.cs, evict first): what a kernel writes it never reads, and in L2 it would push out what the
-// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9; measured in v10).
-template <int VEC, typename T, typename Index>
+// kEvictFirst: marked streaming (.cs): what a kernel writes it never reads, and in L2 it would push out what the
+// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9; measured in v10). The single-pass
+// backward stores without it, measured a little faster on causal rows (after v13).
+template <int VEC, bool kEvictFirst = true, typename T, typename Index>
 __device__ __forceinline__ void store_bits(T* row, Index col, const Vector<T, VEC>& v) {
   if constexpr (sizeof(v) == 16) {
     uint32_t words[4];
     memcpy(words, &v, sizeof(v));
-    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(row + col), "r"(words[0]), "r"(words[1]),
-                 "r"(words[2]), "r"(words[3])
-                 : "memory");
+    if constexpr (kEvictFirst) {
+      asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(row + col), "r"(words[0]), "r"(words[1]),
+                   "r"(words[2]), "r"(words[3])
+                   : "memory");
+    } else {
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(row + col), "r"(words[0]), "r"(words[1]),
+                   "r"(words[2]), "r"(words[3])
+                   : "memory");
+    }
   } else {
     *reinterpret_cast<Vector<T, VEC>*>(row + col) = v;
   }
 }
 
-template <int VEC, typename acc_t, typename T, typename Index>
+template <int VEC, bool kEvictFirst = true, typename acc_t, typename T, typename Index>
 __device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&values)[VEC]) {
   Vector<T, VEC> v;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(values[i]);
-  store_bits(row, col, v);
+  store_bits<VEC, kEvictFirst>(row, col, v);
 }
 
 // Zeros in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
