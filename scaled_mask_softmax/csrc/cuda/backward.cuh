@@ -30,6 +30,9 @@ struct GradientRow {
   Index end;  // one past the last column written: the row's end, or its slice's
   Index visible_end;
   acc_t scale;
+  // As ScoreLoader's: the two-pass kernel's loads take an L2 policy for each pass.
+  static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
+  uint64_t policy = 0;
 
   __device__ GradientRow(const BackwardParams& p, int64_t row)
       : end(static_cast<Index>(p.cols)),
@@ -70,9 +73,17 @@ struct GradientRow {
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
-    raw.y = load_vector<VEC>(y, col);
-    raw.dy = load_vector<VEC>(dy, col);
+    if constexpr (kL2Hints) {
+      raw.y = load_vector<VEC>(y, col, policy);
+      raw.dy = load_vector<VEC>(dy, col, policy);
+    } else {
+      raw.y = load_vector<VEC>(y, col);
+      raw.dy = load_vector<VEC>(dy, col);
+    }
   }
+
+  // The L2 policy (l2_policy) of the loads from here on, where kL2Hints.
+  __device__ __forceinline__ void set_l2_policy(uint64_t l2_policy) { policy = l2_policy; }
 
   // Keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(Index col, Raw& raw) const {
@@ -214,10 +225,13 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
+  const uint64_t keep = l2_policy(L2Priority::kKeepInL2);
+  const uint64_t leave = l2_policy(L2Priority::kLeaveL2);
   int round = 0;
   for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
     Row g(p, row);
     g.clip(slice.end);
+    g.set_l2_policy(keep);
     acc_t local_dot = 0;
     for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw, auto whole) {
       if constexpr (decltype(whole)::value) {
@@ -228,6 +242,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
     });
     acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
     if (blocks_per_row > 1) row_dot = exchange.reduce(row_dot, SumOp(), blocks_per_row, round++);
+    g.set_l2_policy(leave);
     const int64_t past = for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw,
                                                                                   auto whole) {
       if constexpr (decltype(whole)::value) {

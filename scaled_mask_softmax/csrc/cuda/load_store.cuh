@@ -26,6 +26,40 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col) {
   return *reinterpret_cast<const Vector<T, VEC>*>(row + col);
 }
 
+// L2 eviction priorities for loads (sm_80+): the two-pass kernels read a slice with kKeepInL2 in pass 1, so that
+// it is still in L2 when pass 2 reads it for the last time, with kLeaveL2, making room for the slices after it.
+enum class L2Priority { kKeepInL2, kLeaveL2 };
+
+// The cache policy (createpolicy) that loads pass to ld's L2::cache_hint.
+__device__ __forceinline__ uint64_t l2_policy(L2Priority priority) {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (priority == L2Priority::kKeepInL2) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+#endif
+  return policy;
+}
+
+// load_vector with an L2 cache policy (l2_policy) where the vector is 16 bytes.
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(Vector<T, VEC>) == 16) {
+    uint32_t words[4];
+    asm("ld.global.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+        : "l"(row + col), "l"(policy));
+    Vector<T, VEC> v;
+    memcpy(&v, words, sizeof(v));
+    return v;
+  }
+#endif
+  return load_vector<VEC>(row, col);
+}
+
 // One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
 // 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
 // kEvictFirst: marked streaming (.cs): what a kernel writes it never reads, and in L2 it would push out what the
@@ -182,6 +216,9 @@ struct ScoreLoader {
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
+  // The two-pass kernels' loads of x take an L2 policy (set_l2_priority) for each pass; the others load plainly.
+  static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
+  uint64_t x_policy = 0;
 
   __device__ ScoreLoader(const ForwardParams& p, int64_t row) : scale(static_cast<acc_t>(p.scale)) {
     int64_t x_start, mask_start;
@@ -203,6 +240,9 @@ struct ScoreLoader {
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(Index end) { visible_end = visible_end < end ? visible_end : end; }
 
+  // The L2 policy (l2_policy) of the loads of x from here on, where kL2Hints.
+  __device__ __forceinline__ void set_l2_policy(uint64_t policy) { x_policy = policy; }
+
   // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
   __device__ __forceinline__ void start_at(Index begin) {
     x += begin;
@@ -213,7 +253,11 @@ struct ScoreLoader {
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
-    raw.x = load_vector<VEC>(x, col);
+    if constexpr (kL2Hints) {
+      raw.x = load_vector<VEC>(x, col, x_policy);
+    } else {
+      raw.x = load_vector<VEC>(x, col);
+    }
     if constexpr (kBoolWords) {
       raw.mask = load_vector<VEC / 4>(reinterpret_cast<const uint32_t*>(mask + col), 0);
     } else if constexpr (kHasMask) {
