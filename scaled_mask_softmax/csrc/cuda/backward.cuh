@@ -17,9 +17,9 @@ namespace sms {
 template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t>
 struct GradientRow {
   using acc_t = at::opmath_type<scalar_t>;
-  // Streaming stores (store_bits) only where a second pass reads its slice from L2: the two-pass kernel's rows,
-  // the ones indexed in 64 bits.
-  static constexpr bool kStoresEvictFirst = std::is_same_v<Index, int64_t>;
+  // The two-pass kernel's rows, the ones indexed in 64 bits, whose second pass reads its slice from L2: their
+  // loads take an L2 policy for each pass (as ScoreLoader's), and their stores are streaming (store_bits).
+  static constexpr bool kTwoPass = std::is_same_v<Index, int64_t>;
   struct Raw {
     Vector<scalar_t, VEC> y, dy;
   };
@@ -30,9 +30,7 @@ struct GradientRow {
   Index end;  // one past the last column written: the row's end, or its slice's
   Index visible_end;
   acc_t scale;
-  // As ScoreLoader's: the two-pass kernel's loads take an L2 policy for each pass.
-  static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
-  uint64_t policy = 0;
+  uint64_t policy = 0;  // where kTwoPass
 
   __device__ GradientRow(const BackwardParams& p, int64_t row)
       : end(static_cast<Index>(p.cols)),
@@ -73,7 +71,7 @@ struct GradientRow {
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
-    if constexpr (kL2Hints) {
+    if constexpr (kTwoPass) {
       raw.y = load_vector<VEC>(y, col, policy);
       raw.dy = load_vector<VEC>(dy, col, policy);
     } else {
@@ -82,7 +80,7 @@ struct GradientRow {
     }
   }
 
-  // The L2 policy (l2_policy) of the loads from here on, where kL2Hints.
+  // The L2 policy (l2_policy) of the loads from here on, where kTwoPass.
   __device__ __forceinline__ void set_l2_policy(uint64_t l2_policy) { policy = l2_policy; }
 
   // Keys past the visible ones are never read.
@@ -127,7 +125,7 @@ struct GradientRow {
   __device__ __forceinline__ void store_visible_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     acc_t dx_values[VEC];
     gradient(raw, row_dot, dx_values);
-    store_vector<VEC, kStoresEvictFirst>(dx, col, dx_values);
+    store_vector<VEC, kTwoPass>(dx, col, dx_values);
   }
 
   // Hidden keys get 0, whatever their (unread) y holds.
@@ -142,7 +140,7 @@ struct GradientRow {
         if (v >= visible) dx_values[v] = 0;
       }
     }
-    store_vector<VEC, kStoresEvictFirst>(dx, col, dx_values);
+    store_vector<VEC, kTwoPass>(dx, col, dx_values);
   }
 };
 
