@@ -17,8 +17,9 @@ namespace sms {
 constexpr int kWarp = 32;
 // Per-thread vectors of a row held in registers: 1, 2, 4 or 8.
 constexpr int kMaxIters = 8;
-// Blocks of the short-row tier: four warps, each split into groups of lanes, one group per row.
-constexpr int kShortRowThreads = 128;
+// Blocks of the short-row tier: one warp, each split into groups of lanes, one group per row. A block's slot is
+// freed only when its last warp ends, so small blocks leave no warp idle behind a slower one.
+constexpr int kShortRowThreads = 32;
 // Rows too long for registers: blocks of the two-pass kernels, each taking a slice of a row.
 constexpr int kLongRowThreads = 256;
 // Vectors each thread of the two-pass kernels loads before using any.
