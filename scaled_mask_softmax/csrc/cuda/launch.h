@@ -17,8 +17,10 @@ namespace sms {
 constexpr int kWarp = 32;
 // Per-thread vectors of a row held in registers: 1, 2, 4 or 8.
 constexpr int kMaxIters = 8;
-// Blocks of the short-row tier: one warp, each split into groups of lanes, one group per row. A block's slot is
-// freed only when its last warp ends, so small blocks leave no warp idle behind a slower one.
+// Blocks of the short-row tier: one warp, split into groups of lanes, one group per row. A block's slot is freed
+// only when its last warp ends, so one-warp blocks leave no slot held by a warp that is done (16-bit rows of 128-1024
+// columns up to 2.4% faster than four warps; benchmarks/NOTES.md, v14.1). A multiprocessor then holds 32 warps, the
+// most that 64 registers a thread allow anyway.
 constexpr int kShortRowThreads = 32;
 // Rows too long for registers: blocks of the two-pass kernels, each taking a slice of a row.
 constexpr int kLongRowThreads = 256;
