@@ -1,6 +1,7 @@
 """Ours alone over the benchmark grid, as time over the floor: the quick measure for comparing builds.
 
     python benchmarks/sweep.py --tag main --out sweep.jsonl [--min-cols 1024] [--variants bias,causal]
+    python benchmarks/sweep.py --tag main --grid 64x32x2048x16,4x32x4096x8192 --dtypes bfloat16,float32
     python benchmarks/sweep.py --table sweep.jsonl
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
@@ -20,9 +21,8 @@ SCALE = 0.125
 
 
 def cells(args):
-    """(shape, dtype name, variant) of the default grid within the arguments' bounds."""
-    grid = [(shape, dtypes) for shape, dtypes in bench.GRIDS["default"]
-            if args.min_cols <= shape[-1] <= args.max_cols]
+    """(shape, dtype name, variant) of the grid within the arguments' bounds."""
+    grid = [(shape, dtypes) for shape, dtypes in args.grid if args.min_cols <= shape[-1] <= args.max_cols]
     return bench.cells(grid, args.dtypes, args.variants or tuple(bench.VARIANTS))
 
 
@@ -47,6 +47,8 @@ def main():
     parser.add_argument("--table", help="print this JSON-lines file's cells side by side, and time nothing")
     parser.add_argument("--tag", default="", help="names the build in the output")
     parser.add_argument("--out", help="a JSON-lines file to append to")
+    parser.add_argument("--grid", type=bench.parse_grid, default=bench.GRIDS["default"],
+                        help="as bench's --grid: a grid's name, or shapes like 8x32x1024x1024 separated by commas")
     parser.add_argument("--min-cols", type=int, default=0)
     parser.add_argument("--max-cols", type=int, default=1 << 30)
     parser.add_argument("--dtypes", type=lambda text: text.split(","), default=None)
