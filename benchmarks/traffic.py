@@ -1,7 +1,9 @@
 """What the device memory sustains for the mixes of reads and writes that the op's passes make, against the copy
 ceiling that the benchmark's floor divides by. Each mix is a Triton kernel that does nothing else:
 
-  copy          reads x, writes y (one byte read for each written, as the ceiling's copy)
+  copy          reads x, writes y (one byte read for each written, as the ceiling's copy); torch's copy again at
+                128 and 512 MiB, the sizes of x in the benchmark's cells of 128-512 and 1024 columns, where a
+                kernel's start and drain weigh more than in the ceiling's 1 GiB
   write         writes y (as a causal row's zeros past its visible keys)
   read          reads x
   causal copy   each row reads the keys it sees and writes all of y's row: the causal forward's bytes in a plain
@@ -101,6 +103,10 @@ def main() -> int:
             print(f"{name:<30}{flush:>8}{rate:>8.0f}{rate / ceiling:>11.3f}")
 
     report("copy", 2 * size, both_ways(lambda: copy_kernel[grid](x, y, x.numel(), BLOCK=BLOCK)))
+    for fraction in (8, 2):
+        part = x.numel() // fraction
+        report(f"torch copy, {(size // fraction) >> 20} MiB", 2 * size // fraction,
+               both_ways(lambda: y[:part].copy_(x[:part])))
     report("write", size, both_ways(lambda: write_kernel[grid](y, y.numel(), BLOCK=BLOCK)))
     report("read", size, both_ways(lambda: read_kernel[grid](x, sums, x.numel(), BLOCK=BLOCK)))
     for cols in (128, 1024, 4096, 16384):
