@@ -1,0 +1,66 @@
+"""One launch of ours and one of torch.compile's kernel for the same pass and inputs, inside a profiler range, so
+that Nsight Compute sets them side by side (benchmarks/NOTES.md, after v14):
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats python benchmarks/pair_profile.py 2x16x4096x4096:bwd 8x32x1024x1024:fwd
+
+Each argument is a cell, `BxHxSqxSk:pass` (bf16 unless --dtype says otherwise; --variant as the benchmark's).
+"""
+import argparse
+
+import torch
+
+from scaled_mask_softmax import bench, scaled_mask_softmax
+
+SCALE = 0.125
+WARM_UP_CALLS = 5
+
+
+def cell(text):
+    shape, _, pass_name = text.partition(":")
+    if pass_name not in ("fwd", "bwd"):
+        raise argparse.ArgumentTypeError(f"a cell is BxHxSqxSk:fwd or BxHxSqxSk:bwd, got {text!r}")
+    return bench.parse_grid(shape)[0][0], pass_name
+
+
+def pair(shape, pass_name, dtype, variant, generator):
+    """Ours and the compiled peer for one cell, both warmed up (torch.compile compiles and tunes here)."""
+    x, mask, peer_mask, is_causal = bench.make_inputs(shape, dtype, variant, torch.device("cuda"), generator)
+    if pass_name == "fwd":
+        x.requires_grad_()  # as the benchmark times it
+        compiled = torch.compile(bench.eager_composite, dynamic=False)
+        calls = (lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
+                 lambda: compiled(x, peer_mask, SCALE, is_causal))
+    else:
+        with torch.no_grad():
+            y = scaled_mask_softmax(x, mask, SCALE, is_causal)
+        dy = torch.randn_like(y)
+        compiled = torch.compile(bench.softmax_backward_composite, dynamic=False)
+        calls = (lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal),
+                 lambda: compiled(y, dy, SCALE))
+    for _ in range(WARM_UP_CALLS):
+        for call in calls:
+            call()
+    return calls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("cells", nargs="+", type=cell)
+    parser.add_argument("--dtype", default="bfloat16", choices=bench.DTYPES)
+    parser.add_argument("--variant", default="none", choices=tuple(bench.VARIANTS))
+    args = parser.parse_args()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    pairs = [pair(shape, pass_name, getattr(torch, args.dtype), args.variant, generator)
+             for shape, pass_name in args.cells]
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for calls in pairs:
+        for call in calls:
+            call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()
