@@ -45,17 +45,26 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     });
     return;
   }
+  // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
+  // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
+  static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     const unsigned blocks = blocks_for(p.rows, plan);
-    // Below kTargetIters vectors a thread, rows are shared by groups of lanes only: no kernel that reduces once is
-    // instantiated for them (nor for fp64 scores).
-    constexpr bool kMayReduceOnce = std::is_same_v<acc_t, float> && kIters >= kTargetIters;
     with_flag(p.is_causal, [&](auto causal) {
-      with_flag(plan.width >= kOneReductionThreads, [&](auto one_reduction) {
-        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), kMayReduceOnce && one_reduction()>
+      const auto launch = [&](auto one_reduction) {
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
-      });
+      };
+      // Only the kernels a row can reach are instantiated: below kTargetIters vectors a thread, rows are shared by
+      // groups of lanes, which reduce twice (as fp64 scores always do); above it, by blocks that reduce once.
+      if constexpr (!std::is_same_v<acc_t, float> || kIters < kTargetIters) {
+        launch(std::false_type{});
+      } else if constexpr (kIters > kTargetIters) {
+        launch(std::true_type{});
+      } else {
+        with_flag(plan.width >= kOneReductionThreads, launch);
+      }
     });
   });
 }
