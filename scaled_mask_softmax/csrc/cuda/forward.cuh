@@ -93,6 +93,15 @@ struct MergePackedStats {
   }
 };
 
+// A row's (max, sum) from each thread's, in one reduction of the pairs packed in 64 bits; `reduce(value, op,
+// identity)` reduces over the threads that share the row.
+template <typename Reduce>
+__device__ __forceinline__ SoftmaxStats<float> reduce_packed_stats(const SoftmaxStats<float>& local,
+                                                                   Reduce&& reduce) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  return unpack_stats(reduce(pack_stats(local), MergePackedStats(), pack_stats({kMasked, 0.0f})));
+}
+
 // bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
 // in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
@@ -184,8 +193,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   if constexpr (kOneReduction) {
     // Not FusedExp: its rounding of shift * log2(e) cancels only where every term of the row shares the shift.
     exponentiate(SubtractedExp<acc_t>{shift});
-    const SoftmaxStats<float> row =
-        unpack_stats(reduce(pack_stats({local_max, local_sum}), MergePackedStats(), pack_stats({kMasked, 0.0f})));
+    const SoftmaxStats<float> row = reduce_packed_stats({local_max, local_sum}, reduce);
     // This thread's terms were shifted by its own max, at most the row's. A NaN sum still reaches every term.
     const float rescale = local_max == kMasked ? 0.0f : exp_of(local_max - row.max);
     inverse = row.sum == 0.0f ? 0.0f : rescale / row.sum;
@@ -258,11 +266,12 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
 // for fp64, the max and then the sums shifted to it. `shared`: the block's 8-byte slots.
 template <typename acc_t>
 __device__ __forceinline__ SoftmaxStats<acc_t> block_stats(const SoftmaxStats<acc_t>& local, uint64_t* shared) {
-  constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   if constexpr (std::is_same_v<acc_t, float>) {
-    return unpack_stats(row_reduce(pack_stats(local), MergePackedStats(), pack_stats({kMasked, 0.0f}), blockDim.x,
-                                   shared));
+    return reduce_packed_stats(local, [&](uint64_t value, auto op, uint64_t identity) {
+      return row_reduce(value, op, identity, blockDim.x, shared);
+    });
   } else {
+    constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
     acc_t* slots = reinterpret_cast<acc_t*>(shared);
     const acc_t max = row_reduce(local.max, MaxOp(), kMasked, blockDim.x, slots);
     return {max, row_reduce(local.sum_shifted_to(max), SumOp(), acc_t(0), blockDim.x, slots)};
