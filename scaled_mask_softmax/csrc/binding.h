@@ -149,7 +149,6 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
-  p.order = RowOrder{};
   set_causal_limit(x, is_causal, causal_variant, p);
   p.scale = scale;
   return {x, mask.expanded, y, mask.kind};
