@@ -216,7 +216,7 @@ struct ScoreLoader {
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
-  // The two-pass kernels' loads of x take an L2 policy (set_l2_priority) for each pass; the others load plainly.
+  // The two-pass kernels' loads of x take an L2 policy (set_l2_policy) for each pass; the others load plainly.
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
   uint64_t x_policy = 0;
 
