@@ -71,18 +71,10 @@ struct NormalizedExp {
   __device__ __forceinline__ acc_t operator()(acc_t s) const { return exp_of(s - shift) * inverse; }
 };
 
-// FusedExp's fma, times the inverse of the sum of terms formed the same way.
-struct FusedNormalizedExp {
-  float shift_log2;
-  float inverse;
-  __device__ __forceinline__ float operator()(float s) const {
-    return exp2_approx(fmaf(s, kLog2e, -shift_log2)) * inverse;
-  }
-};
-
-// For 16-bit results, the division folded into the shift as well: 2^(s * log2(e) - (shift_log2 + log2(sum))), one
-// instruction an element fewer. Nothing cancels the rounding of that total: within kLimit it is at most 2^-14 in the
-// exponent, 4e-5 of the result (fp16 rounds the result by 2^-11); only where the total stays within it is this taken.
+// For 16-bit results: FusedExp's one fma before ex2, with the division folded into the shift as well,
+// 2^(s * log2(e) - (shift * log2(e) + log2(sum))): two instructions an element fewer. Nothing cancels the rounding of
+// that total: within kLimit it is at most 2^-14 in the exponent, 4e-5 of the result (fp16 rounds the result by
+// 2^-11); only where the total stays within it is this taken.
 struct FoldedExp {
   static constexpr float kLimit = 1024.0f;
   float total_log2;
@@ -101,25 +93,20 @@ struct SoftmaxStats {
   }
 };
 
-// Calls body(normalized) with the fastest of NormalizedExp, FusedNormalizedExp and FoldedExp exact enough for a row
-// of results of type scalar_t whose (max, sum) are `stats`, the sum formed with SubtractedExp; with NormalizedExp
-// alone unless kFast. The fused forms shift by shift * log2(e) rounded, 2^-d times what SubtractedExp's terms were
-// shifted by: their sum is re-expressed for that shift once a row (times 2^d), so that the rounding cancels as in
-// FusedExp.
+// Calls body(normalized) with FoldedExp where kFast allows it and it is exact enough for a row of 16-bit results
+// whose (max, sum) are `stats`, the sum formed with SubtractedExp; with NormalizedExp otherwise (a sum of 0, a row
+// all masked, or NaN; a shift beyond FusedExp's limit). FoldedExp shifts by shift * log2(e) rounded, 2^-d times what
+// SubtractedExp's terms were shifted by: the sum is re-expressed for that shift once a row (times 2^d), so that this
+// rounding cancels as in FusedExp.
 template <typename scalar_t, bool kFast, typename acc_t, typename Body>
 __device__ __forceinline__ void with_normalized_exp(const SoftmaxStats<acc_t>& stats, Body&& body) {
   const acc_t shift = stats.max == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : stats.max;
-  if constexpr (kFast && std::is_same_v<acc_t, float>) {
-    // A sum of 0 (a row all masked) or NaN keeps the plain form, which gives it 0 or NaN.
+  if constexpr (kFast && sizeof(scalar_t) == 2) {
     if (fabsf(shift) <= FusedExp::kLimit && stats.sum > 0.0f) {
       const float shift_log2 = shift * kLog2e;
       const float sum = stats.sum * exp2_approx(fmaf(shift, kLog2e, -shift_log2));
-      if constexpr (sizeof(scalar_t) == 2) {
-        const float total_log2 = shift_log2 + log2_approx(sum);
-        if (fabsf(total_log2) <= FoldedExp::kLimit) return body(FoldedExp{total_log2});
-      } else {
-        return body(FusedNormalizedExp{shift_log2, 1.0f / sum});
-      }
+      const float total_log2 = shift_log2 + log2_approx(sum);
+      if (fabsf(total_log2) <= FoldedExp::kLimit) return body(FoldedExp{total_log2});
     }
   }
   body(NormalizedExp<acc_t>{shift, stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum});
@@ -355,9 +342,10 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
-  // Pass 2 in the fast forms of with_normalized_exp, its whole vectors stored unchecked; not at four blocks a
-  // multiprocessor (64 registers, the causal rows), where 16-bit rows then spilled.
-  constexpr bool kFastExp = kMinBlocks < 4;
+  // Pass 2 in with_normalized_exp's fast form, its whole vectors stored unchecked; not at four blocks a
+  // multiprocessor (64 registers, the causal rows), where 16-bit rows then spilled, nor in fp32, where a fused form
+  // and the unchecked stores measured 6% slower with a bool mask at 262,144 columns (benchmarks/NOTES.md, v16).
+  constexpr bool kFastExp = kMinBlocks < 4 && sizeof(scalar_t) == 2;
   __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
   const RowSlice slice(p.cols, VEC, blocks_per_row);
