@@ -22,6 +22,12 @@ __device__ __forceinline__ float exp2_approx(float v) {
   return result;
 }
 
+__device__ __forceinline__ float log2_approx(float v) {
+  float result;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(v));
+  return result;
+}
+
 template <typename T>
 __device__ __forceinline__ T exp_of(T v);
 template <>
@@ -57,6 +63,24 @@ __device__ __forceinline__ void with_row_exp(acc_t shift, Body&& body) {
   body(SubtractedExp<acc_t>{shift});
 }
 
+// y = exp(s - shift) * inverse, the softmax of a row's score s; with_normalized_exp picks it or a faster form below.
+template <typename acc_t>
+struct NormalizedExp {
+  acc_t shift;
+  acc_t inverse;
+  __device__ __forceinline__ acc_t operator()(acc_t s) const { return exp_of(s - shift) * inverse; }
+};
+
+// For 16-bit results: FusedExp's one fma before ex2, with the division folded into the shift as well,
+// 2^(s * log2(e) - (shift * log2(e) + log2(sum))): two instructions an element fewer. Nothing cancels the rounding of
+// that total: within kLimit it is at most 2^-14 in the exponent, 4e-5 of the result (fp16 rounds the result by
+// 2^-11); only where the total stays within it is this taken.
+struct FoldedExp {
+  static constexpr float kLimit = 1024.0f;
+  float total_log2;
+  __device__ __forceinline__ float operator()(float s) const { return exp2_approx(fmaf(s, kLog2e, -total_log2)); }
+};
+
 // A row's (or a slice's) max, and its sum of exponentials shifted by that max (by 0 while the max is -inf).
 template <typename acc_t>
 struct SoftmaxStats {
@@ -68,6 +92,25 @@ struct SoftmaxStats {
     return max == -std::numeric_limits<acc_t>::infinity() ? sum : sum * exp_of(max - row_max);
   }
 };
+
+// Calls body(normalized) with FoldedExp where kFast allows it and it is exact enough for a row of 16-bit results
+// whose (max, sum) are `stats`, the sum formed with SubtractedExp; with NormalizedExp otherwise (a sum of 0, a row
+// all masked, or NaN; a shift beyond FusedExp's limit). FoldedExp shifts by shift * log2(e) rounded, 2^-d times what
+// SubtractedExp's terms were shifted by: the sum is re-expressed for that shift once a row (times 2^d), so that this
+// rounding cancels as in FusedExp.
+template <typename scalar_t, bool kFast, typename acc_t, typename Body>
+__device__ __forceinline__ void with_normalized_exp(const SoftmaxStats<acc_t>& stats, Body&& body) {
+  const acc_t shift = stats.max == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : stats.max;
+  if constexpr (kFast && sizeof(scalar_t) == 2) {
+    if (fabsf(shift) <= FusedExp::kLimit && stats.sum > 0.0f) {
+      const float shift_log2 = shift * kLog2e;
+      const float sum = stats.sum * exp2_approx(fmaf(shift, kLog2e, -shift_log2));
+      const float total_log2 = shift_log2 + log2_approx(sum);
+      if (fabsf(total_log2) <= FoldedExp::kLimit) return body(FoldedExp{total_log2});
+    }
+  }
+  body(NormalizedExp<acc_t>{shift, stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum});
+}
 
 struct MergeStats {
   template <typename acc_t>
@@ -299,6 +342,10 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
+  // Pass 2 in with_normalized_exp's fast form, its whole vectors stored unchecked; not at four blocks a
+  // multiprocessor (64 registers, the causal rows), where 16-bit rows then spilled, nor in fp32, where a fused form
+  // and the unchecked stores measured 6% slower with a bool mask at 262,144 columns (benchmarks/NOTES.md, v16).
+  constexpr bool kFastExp = kMinBlocks < 4 && sizeof(scalar_t) == 2;
   __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
   const RowSlice slice(p.cols, VEC, blocks_per_row);
@@ -332,19 +379,20 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     });
     SoftmaxStats<acc_t> stats = block_stats(SoftmaxStats<acc_t>{local_max, local_sum}, shared);
     if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
-    const acc_t shift = stats.max == kMasked ? acc_t(0) : stats.max;
-    const acc_t inverse = stats.sum == acc_t(0) ? acc_t(0) : acc_t(1) / stats.sum;
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
     loader.set_l2_policy(leave);
-    const int64_t past = for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col, const auto& raw,
-                                                                                       auto whole) {
-      acc_t s[VEC];
-      loader.scores(col, raw, whole, s);
+    with_normalized_exp<scalar_t, kFastExp>(stats, [&](const auto& normalized) {
+      const int64_t past = for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col,
+                                                                                         const auto& raw, auto whole) {
+        acc_t s[VEC];
+        loader.scores(col, raw, whole, s);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) s[v] = exp_of(s[v] - shift) * inverse;
-      if (col < slice.end) store_vector<VEC>(y, col, s);
+        for (int v = 0; v < VEC; ++v) s[v] = normalized(s[v]);
+        // A whole vector lies before visible_end, which clip() put at or before the slice's end.
+        if ((kFastExp && decltype(whole)::value) || col < slice.end) store_vector<VEC>(y, col, s);
+      });
+      store_zeros<VEC>(y, past, slice.end, step);
     });
-    store_zeros<VEC>(y, past, slice.end, step);
   }
   if (blocks_per_row > 1) exchange.finish();
 }
