@@ -4,6 +4,7 @@ import torch
 
 import scaled_mask_softmax as sms
 from conftest import assert_close_to, random_scores, reference_forward_backward
+from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -37,6 +38,28 @@ def test_more_long_rows_than_the_l2_holds():
     y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "upper_left", dy)
     assert_close_to(y, y_ref, torch.bfloat16)
     assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_two_pass_rows_on_either_side_of_the_folded_shift(dtype, with_mask):
+    """16-bit rows in two passes (no mask, or a bool mask) write 2^(s * log2(e) - total), the total folding in the
+    shift and log2 of the sum, only where that total is within 1024, and exp(s - shift) / sum elsewhere: rows whose
+    scores sit on either side of it (scale 1: a shift of 650 gives a total about 950, 760 about 1110), a row all
+    -inf and a row with a NaN."""
+    cols = 65536
+    centers = [0.0, -300.0, 650.0, 760.0, -1000.0, 3000.0]
+    rows = [random_scores((cols,), torch.float64, "cpu", generator_seed=seed) + center
+            for seed, center in enumerate(centers)]
+    x = torch.stack(rows + [torch.full((cols,), float("-inf"), dtype=torch.float64), rows[0].clone()])
+    x[-1, cols // 3] = float("nan")
+    x = x.to(dtype)
+    mask = None
+    if with_mask:
+        mask = torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.1
+        mask[0] = False  # a row all masked by the mask
+    y = sms.scaled_mask_softmax(x.cuda(), None if mask is None else mask.cuda(), 1.0)
+    assert_close_to(y, scaled_mask_softmax_reference(x, mask, 1.0), dtype)
 
 
 def test_runs_on_the_current_stream():
