@@ -5,6 +5,7 @@
 #                                           the float64 reference (check --quick)
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2)
 #   scripts/variants.sh run [sweep args]    build, then sweep
+#   scripts/variants.sh test [pytest args]  there: the test suite of each build, in its own tree (default: all)
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
 # sweep.jsonl, the table (benchmarks/sweep.py --table) and logs-<action>.tgz go to $OUT.
 set -uo pipefail
@@ -42,6 +43,13 @@ sweep() {
   PYTHONPATH="/tmp/variants/${names[0]}" python3 benchmarks/sweep.py --table "$OUT/sweep.jsonl" | tee "$OUT/table.txt"
 }
 
+test() {
+  for name in "${names[@]}"; do
+    (cd "/tmp/variants/$name" && python3 -m pytest -q -p no:cacheprovider "${@:-tests}") >"$OUT/test-$name.log" 2>&1
+    echo "test $name: exit $? | $(tail -n 1 "$OUT/test-$name.log")"
+  done
+}
+
 # The machine sends back only a few files: the logs travel as one archive, named for the action.
 pack_logs() {
   (cd "$OUT" && tar -czf "logs-$action.tgz" ./*.log && rm -f ./*.log)
@@ -58,7 +66,9 @@ case "$action" in
   build) build; pack_logs ;;
   sweep) sweep "$@"; pack_logs ;;
   run) build; sweep "$@"; pack_logs ;;
+  test) test "$@"; pack_logs ;;
   *)
-    echo "usage: scripts/variants.sh pack REF... | build | sweep [sweep.py arguments] | run [sweep.py arguments]" >&2
+    echo "usage: scripts/variants.sh pack REF... | build | sweep [sweep.py arguments] | run [sweep.py arguments]" \
+         "| test [pytest arguments]" >&2
     exit 2 ;;
 esac
