@@ -43,7 +43,7 @@ sweep() {
   PYTHONPATH="/tmp/variants/${names[0]}" python3 benchmarks/sweep.py --table "$OUT/sweep.jsonl" | tee "$OUT/table.txt"
 }
 
-test() {
+run_tests() {
   for name in "${names[@]}"; do
     (cd "/tmp/variants/$name" && python3 -m pytest -q -p no:cacheprovider "${@:-tests}") >"$OUT/test-$name.log" 2>&1
     echo "test $name: exit $? | $(tail -n 1 "$OUT/test-$name.log")"
@@ -66,7 +66,7 @@ case "$action" in
   build) build; pack_logs ;;
   sweep) sweep "$@"; pack_logs ;;
   run) build; sweep "$@"; pack_logs ;;
-  test) test "$@"; pack_logs ;;
+  test) run_tests "$@"; pack_logs ;;
   *)
     echo "usage: scripts/variants.sh pack REF... | build | sweep [sweep.py arguments] | run [sweep.py arguments]" \
          "| test [pytest arguments]" >&2
