@@ -40,8 +40,9 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
       }
     }
     with_flag(p.is_causal, [&](auto causal) {
-      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kTwoPassMinBlocks<scalar_t, mask_t, causal()>>, p,
-                      VEC, stream);
+      constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal()>;
+      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>, p,
+                      VEC, kShape.unroll * kSweepsPerSlice, stream);
     });
     return;
   }

@@ -321,31 +321,42 @@ __device__ __forceinline__ SoftmaxStats<acc_t> block_stats(const SoftmaxStats<ac
   }
 }
 
-// The blocks a multiprocessor holds of the two-pass forward, as __launch_bounds__'s minimum. Where the slices in
-// flight are those of x alone (no mask, or a bool mask, usually one row that every row shares): three, more warps
-// to issue from (benchmarks/NOTES.md, v11), and four (64 registers) for causal rows, a lone block a row, which
-// read on average half a row each; four for full rows measured slower, their slices no longer found in L2 by pass
-// 2 (v13). One otherwise, which ptxas meets with about 96 registers and two blocks; with a 16-bit mask, which
-// doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2 (v10).
+// How the two-pass forward runs: the blocks a multiprocessor holds (__launch_bounds__'s minimum), the vectors a
+// thread loads before using any, and whether pass 2 takes with_normalized_exp's fast form and stores its whole
+// vectors unchecked.
+struct TwoPassShape {
+  int min_blocks;
+  int unroll;
+  bool fast_exp;
+};
+
+// Where the slices in flight are those of x alone (no mask, or a bool mask, usually one row that every row shares):
+// three blocks of four vectors a thread, more warps to issue from than one (benchmarks/NOTES.md, v11); five blocks
+// of two vectors (48 registers) measured slower on these rows (v17). Causal rows, a lone block a row, which read on
+// average half a row each and pay a row's chain of reductions: 16-bit ones at five blocks of two vectors with pass
+// 2's fast form (which spilled at four blocks of four), fp32 ones at four blocks of four, where five blocks
+// measured slower (v13, v17). Otherwise one block, which ptxas meets with about 96 registers and two blocks; with a
+// 16-bit mask, which doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2 (v10). fp32
+// results keep pass 2's plain form: with a bool mask at 262,144 columns the fused one measured 6% slower (v16).
 template <typename scalar_t, typename mask_t, bool kCausal>
-constexpr int kTwoPassMinBlocks =
-    sizeof(scalar_t) <= 4 && mask_bytes_v<mask_t> <= 1 ? (kCausal ? 4 : 3) : 1;
+constexpr TwoPassShape kTwoPassShape =
+    sizeof(scalar_t) > 4 || mask_bytes_v<mask_t> > 1 ? TwoPassShape{1, 4, sizeof(scalar_t) == 2}
+    : !kCausal                                      ? TwoPassShape{3, 4, sizeof(scalar_t) == 2}
+    : sizeof(scalar_t) == 2                         ? TwoPassShape{5, 2, true}
+                                                    : TwoPassShape{4, 4, false};
 
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
-// the slice again, from L2 while slices are small, and writes y. kUnroll vectors per thread are loaded before
-// any is used, to keep enough bytes in flight. kMinBlocks: kTwoPassMinBlocks.
-template <typename scalar_t, typename mask_t, int VEC, int kMinBlocks>
+// the slice again, from L2 while slices are small, and writes y. The rest as kTwoPassShape gives it (a struct as a
+// template argument is beyond the host stubs nvcc writes): kUnrollVectors vectors per thread are loaded before any
+// is used, to keep enough bytes in flight.
+template <typename scalar_t, typename mask_t, int VEC, int kMinBlocks, int kUnrollVectors, bool kFastExp>
 __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
-  // Pass 2 in with_normalized_exp's fast form, its whole vectors stored unchecked; not at four blocks a
-  // multiprocessor (64 registers, the causal rows), where 16-bit rows then spilled, nor in fp32, where a fused form
-  // and the unchecked stores measured 6% slower with a bool mask at 262,144 columns (benchmarks/NOTES.md, v16).
-  constexpr bool kFastExp = kMinBlocks < 4 && sizeof(scalar_t) == 2;
   __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
   const RowSlice slice(p.cols, VEC, blocks_per_row);
@@ -362,7 +373,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     loader.set_l2_policy(keep);
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
-    for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col, const auto& raw, auto whole) {
+    for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col, const auto& raw, auto whole) {
       acc_t s[VEC];
       loader.scores(col, raw, whole, s);
       acc_t vector_max = kMasked;
@@ -382,7 +393,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
     loader.set_l2_policy(leave);
     with_normalized_exp<scalar_t, kFastExp>(stats, [&](const auto& normalized) {
-      const int64_t past = for_each_visible_vector<VEC, kUnroll>(loader, first, step, [&](int64_t col,
+      const int64_t past = for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col,
                                                                                          const auto& raw, auto whole) {
         acc_t s[VEC];
         loader.scores(col, raw, whole, s);
