@@ -338,11 +338,11 @@ struct TwoPassShape {
 // measured slower (v13, v17). Otherwise one block, which ptxas meets with about 96 registers and two blocks; with a
 // 16-bit mask, which doubles what a slice holds, fewer slices at once leave pass 2 finding them in L2 (v10). fp32
 // results keep pass 2's plain form: with a bool mask at 262,144 columns the fused one measured 6% slower (v16).
-template <typename scalar_t, typename mask_t, bool kCausal>
+template <typename scalar_t, typename mask_t, bool kCausal, bool kMostlyZeros>
 constexpr TwoPassShape kTwoPassShape =
     sizeof(scalar_t) > 4 || mask_bytes_v<mask_t> > 1 ? TwoPassShape{1, 4, sizeof(scalar_t) == 2}
     : !kCausal                                      ? TwoPassShape{3, 4, sizeof(scalar_t) == 2}
-    : sizeof(scalar_t) == 2                         ? TwoPassShape{5, 2, true}
+    : sizeof(scalar_t) == 2 && !kMostlyZeros        ? TwoPassShape{5, 2, true}
                                                     : TwoPassShape{4, 4, false};
 
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
