@@ -17,7 +17,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (!plan.in_registers) {
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC>, p, VEC,
                            backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
-      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, kUnroll * kSweepsPerSlice, stream);
+      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
     return;
   }

@@ -24,7 +24,7 @@ constexpr int kMaxIters = 8;
 constexpr int kShortRowThreads = 32;
 // Rows too long for registers: blocks of the two-pass kernels, each taking a slice of a row.
 constexpr int kLongRowThreads = 256;
-// Vectors each thread of the backward two-pass kernel loads before using any (the forward's: kTwoPassShape).
+// Vectors each thread of the two-pass kernels loads before using any (but causal 16-bit rows: kTwoPassShape).
 constexpr int kUnroll = 4;
 // The most unrolled sweeps of a block over its slice of a row, in each pass.
 constexpr int kSweepsPerSlice = 4;
@@ -216,14 +216,14 @@ bool launch_in_cluster(void (*kernel)(Params, int), const Params& p, int vec, in
 }
 
 // Launches kernel(p, blocks_per_row), a two-pass kernel. A row without a causal limit is split over the blocks of
-// one cluster where the device holds one, enough (up to kMaxClusterBlocks) that a slice is at most `slice_vectors`
-// vectors a thread of a block (kSweepsPerSlice unrolled sweeps): small slices are still in L2 when the second pass
-// reads them, and a row's work is spread over more multiprocessors. Otherwise a block takes a whole row.
-// benchmarks/NOTES.md, v6: slices of one or two sweeps, and causal rows in clusters (most of their slices hold only
-// zeros), measured slower; v10: fewer rows at once, to keep pass 1's reads within the L2, measured slower too.
+// one cluster where the device holds one, enough (up to kMaxClusterBlocks) that a slice is at most kSweepsPerSlice
+// unrolled sweeps of a block: small slices are still in L2 when the second pass reads them, and a row's work is
+// spread over more multiprocessors. Otherwise a block takes a whole row. benchmarks/NOTES.md, v6: slices of one or
+// two sweeps, and causal rows in clusters (most of their slices hold only zeros), measured slower; v10: fewer rows
+// at once, to keep pass 1's reads within the L2, measured slower too.
 template <typename Params>
-void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, int slice_vectors, cudaStream_t stream) {
-  const int64_t slice = static_cast<int64_t>(kLongRowThreads) * slice_vectors * vec;
+void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cudaStream_t stream) {
+  const int64_t slice = static_cast<int64_t>(kLongRowThreads) * kUnroll * vec * kSweepsPerSlice;
   if (!p.is_causal) {
     for (int blocks_per_row = std::min<int>(next_power_of_two(ceil_div(p.cols, slice)), kMaxClusterBlocks);
          blocks_per_row > 1; blocks_per_row /= 2) {
