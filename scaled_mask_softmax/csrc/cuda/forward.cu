@@ -13,8 +13,11 @@ namespace {
 
 // Causal rows of at least this many columns take the two-pass kernel even where they fit registers: it reads and
 // exponentiates a row's visible keys in a loop, where the register kernel's block pays a whole row's chain of
-// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10).
-constexpr int64_t kCausalTwoPassColumns = 16384;
+// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192
+// columns, where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured
+// slower in two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17).
+template <typename scalar_t>
+constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
 // Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
 // of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
@@ -32,7 +35,7 @@ template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns)) {
+  if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) {
     if constexpr (kClusterForwardsMask<mask_t>) {
       if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC>, p, VEC,
                             forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
