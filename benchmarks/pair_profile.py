@@ -48,7 +48,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("cells", nargs="+", type=cell)
     parser.add_argument("--dtype", default="bfloat16", choices=bench.DTYPES)
-    parser.add_argument("--variant", default="none", choices=tuple(bench.VARIANTS))
+    parser.add_argument("--variant", default="none", choices=tuple(bench.ALL_VARIANTS))
     args = parser.parse_args()
     generator = torch.Generator(device="cuda").manual_seed(0)
     pairs = [pair(shape, pass_name, getattr(torch, args.dtype), args.variant, generator)

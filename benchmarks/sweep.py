@@ -51,9 +51,9 @@ def main():
                         help="as bench's --grid: a grid's name, or shapes like 8x32x1024x1024 separated by commas")
     parser.add_argument("--min-cols", type=int, default=0)
     parser.add_argument("--max-cols", type=int, default=1 << 30)
-    parser.add_argument("--dtypes", type=lambda text: text.split(","), default=None)
-    parser.add_argument("--variants", type=lambda text: text.split(","), default=None)
-    parser.add_argument("--passes", type=lambda text: text.split(","), default=["fwd", "bwd"])
+    parser.add_argument("--dtypes", type=bench.comma_list(bench.DTYPES), default=None)
+    parser.add_argument("--variants", type=bench.comma_list(tuple(bench.ALL_VARIANTS)), default=None)
+    parser.add_argument("--passes", type=bench.comma_list(("fwd", "bwd")), default=["fwd", "bwd"])
     parser.add_argument("--device", default="cuda", help="cpu only to try the script")
     args = parser.parse_args()
     if args.table:

@@ -38,6 +38,13 @@ VARIANTS = {
     "key_padding": "bool [B,1,1,Sk], True = attend; the last quarter of the keys masked in half the batch",
     "bias": "[1,H,Sq,Sk] ALiBi-like float bias in x's dtype",
 }
+# Beyond the default grid, for --variants: a mask and the causal limit together, as decoders with padded batches
+# or ALiBi run them.
+CAUSAL_WITH_MASK = {
+    "causal_key_padding": "is_causal, upper_left, and the key_padding mask",
+    "causal_bias": "is_causal, upper_left, and the bias",
+}
+ALL_VARIANTS = {**VARIANTS, **CAUSAL_WITH_MASK}
 BF16 = ("bfloat16",)
 # Each grid: ([B, H, Sq, Sk], dtypes). The CUDA default spans short rows with many matrices to single rows of
 # 262144; the 8x32x1024 cell carries every dtype.
@@ -143,6 +150,8 @@ def make_inputs(shape, dtype, variant, device, generator):
     """x (random normal, not zeros), ours' mask, the mask as the eager composite adds it, and is_causal."""
     batch, heads, rows, cols = shape
     x = torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    is_causal = variant.startswith("causal")
+    variant = variant.removeprefix("causal_")
     mask = None
     if variant == "additive":
         masked = torch.rand(shape, generator=generator, device=device, dtype=dtype) < 0.1
@@ -161,7 +170,7 @@ def make_inputs(shape, dtype, variant, device, generator):
     # The composite adds its mask: a bool mask reaches it as 0 / -inf, converted once outside the timing, as
     # a model converts its padding mask once per batch.
     peer_mask = additive_mask(mask, dtype) if mask is not None and mask.dtype == torch.bool else mask
-    return x, mask, peer_mask, variant == "causal"
+    return x, mask, peer_mask, is_causal
 
 
 def softmax_backward_composite(y, dy, scale):
@@ -282,12 +291,13 @@ def format_ratio(value):
     return f"{value:7.2f}" if value is not None else f"{'-':>7}"
 
 
-TABLE_HEADER = (f"{'shape':20} {'dtype':9} {'variant':11} {'pass':7} {'floor_ms':>9} {'ours_ms':>9} "
+VARIANT_COLUMN = max(map(len, ALL_VARIANTS))
+TABLE_HEADER = (f"{'shape':20} {'dtype':9} {'variant':{VARIANT_COLUMN}} {'pass':7} {'floor_ms':>9} {'ours_ms':>9} "
                 f"{'/floor':>7} {'compile':>9} {'eager':>9} {'softmax':>9} {'vs_comp':>7} {'vs_eager':>7}")
 
 
 def format_row(row):
-    line = (f"{'x'.join(map(str, row['shape'])):20} {row['dtype']:9} {row['variant']:11} {row['pass']:7} "
+    line = (f"{'x'.join(map(str, row['shape'])):20} {row['dtype']:9} {row['variant']:{VARIANT_COLUMN}} {row['pass']:7} "
             f"{format_ms(row['floor_ms'])} {format_ms(row['ours_ms'])} {format_ratio(row['ours_over_floor'])} "
             f"{format_ms(row['compile_ms'])} {format_ms(row['eager_ms'])} {format_ms(row['softmax_ms'])} "
             f"{format_ratio(row['speedup_vs_compile'])} {format_ratio(row['speedup_vs_eager'])}")
@@ -495,8 +505,8 @@ def parse_arguments(argv):
     parser.add_argument("--grid", type=parse_grid, help=f"{', '.join(GRIDS)} or shapes like 8x32x1024x1024,... "
                         "(default: 'default' on CUDA, 'cpu' on the CPU)")
     parser.add_argument("--dtypes", type=comma_list(DTYPES), help=f"some of {','.join(DTYPES)}")
-    parser.add_argument("--variants", type=comma_list(tuple(VARIANTS)), default=tuple(VARIANTS),
-                        help=f"some of {','.join(VARIANTS)}")
+    parser.add_argument("--variants", type=comma_list(tuple(ALL_VARIANTS)), default=tuple(VARIANTS),
+                        help=f"some of {','.join(ALL_VARIANTS)} (default: {','.join(VARIANTS)})")
     parser.add_argument("--passes", type=comma_list(PASSES), default=PASSES, help=f"some of {','.join(PASSES)}")
     parser.add_argument("--no-compile", dest="use_compile", action="store_false",
                         help="skip torch.compile, which spends seconds compiling every cell")
@@ -528,7 +538,7 @@ def main(argv) -> int:
     copy_per_ms = copy_bytes_per_ms(device)
     print(f"copy ceiling: {copy_per_ms / 1e6:.0f} GB/s (bytes read + written); scale {SCALE}; times in ms")
     for variant in args.variants:
-        print(f"  {variant}: {VARIANTS[variant]}")
+        print(f"  {variant}: {ALL_VARIANTS[variant]}")
 
     rows = []
     progress = Progress(len(todo))
