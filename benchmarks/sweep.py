@@ -35,11 +35,12 @@ def print_table(path):
         tags += [row["tag"]] if row["tag"] not in tags else []
         cell = ("x".join(map(str, row["shape"])), row["dtype"], row["variant"], row["pass"])
         runs[cell, row["tag"]].append(row["over_floor"])
-    print(f"{'cell':45}" + "".join(f"{tag:>10}" for tag in tags))
+    widths = [max(10, len(tag) + 2) for tag in tags]
+    print(f"{'cell':45}" + "".join(f"{tag:>{width}}" for tag, width in zip(tags, widths)))
     for cell in dict.fromkeys(cell for cell, _ in runs):
         figures = [runs.get((cell, tag)) for tag in tags]
-        print(f"{' '.join(cell):45}" + "".join(f"{statistics.median(f):10.3f}" if f else f"{'-':>10}"
-                                                for f in figures))
+        print(f"{' '.join(cell):45}" + "".join(f"{statistics.median(f):{width}.3f}" if f else f"{'-':>{width}}"
+                                                for f, width in zip(figures, widths)))
 
 
 def main():
