@@ -4,7 +4,10 @@ ceiling that the benchmark's floor divides by. Each mix is a Triton kernel that 
   copy          reads x, writes y (one byte read for each written, as the ceiling's copy); torch's copy again at
                 128 and 512 MiB, the sizes of x in the benchmark's cells of 128-512 and 1024 columns, where a
                 kernel's start and drain weigh more than in the ceiling's 1 GiB
-  write         writes y (as a causal row's zeros past its visible keys)
+  write         writes y (as a causal row's zeros past its visible keys); torch's zero_ (a memset); and a
+                program a row of 65,536 or 262,144 columns writing it in a loop, as the two-pass kernels write the
+                zeros of causal rows that see few of their keys (the benchmark's 4096 x 65,536 and 1024 x 262,144
+                causal cells, whose forwards are timed after them)
   read          reads x
   causal copy   each row reads the keys it sees and writes all of y's row: the causal forward's bytes in a plain
                 tiled kernel, without its arithmetic
@@ -42,6 +45,14 @@ def copy_kernel(x, y, n, BLOCK: tl.constexpr):
 def write_kernel(y, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(y + offsets, tl.zeros([BLOCK], dtype=y.dtype.element_ty), mask=offsets < n)
+
+
+@triton.jit
+def row_write_kernel(y, cols, BLOCK: tl.constexpr):
+    row = y + tl.program_id(0).to(tl.int64) * cols
+    for start in range(0, cols, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        tl.store(row + offsets, tl.zeros([BLOCK], dtype=y.dtype.element_ty), mask=offsets < cols)
 
 
 @triton.jit
@@ -108,6 +119,15 @@ def main() -> int:
         report(f"torch copy, {(size // fraction) >> 20} MiB", 2 * size // fraction,
                both_ways(lambda: y[:part].copy_(x[:part])))
     report("write", size, both_ways(lambda: write_kernel[grid](y, y.numel(), BLOCK=BLOCK)))
+    report("write, torch zero_", size, both_ways(lambda: y.zero_()))
+    for queries, cols in ((4096, 65536), (1024, 262144)):
+        rows = x.numel() // cols
+        report(f"write, a program a row of {cols}", size,
+               both_ways(lambda: row_write_kernel[(rows,)](y, cols, BLOCK=BLOCK)))
+        shape = (1, rows // queries, queries, cols)
+        byte_count = bench.necessary_bytes("fwd", shape, x.element_size(), True)
+        report(f"causal softmax, {queries} x {cols}", byte_count,
+               both_ways(lambda: sms.scaled_mask_softmax(x.view(shape), None, 1.0, True)))
     report("read", size, both_ways(lambda: read_kernel[grid](x, sums, x.numel(), BLOCK=BLOCK)))
     for cols in (128, 1024, 4096, 16384):
         matrices = ELEMENTS // (cols * cols)
