@@ -148,10 +148,12 @@ __device__ __forceinline__ SoftmaxStats<float> reduce_packed_stats(const Softmax
 // bf16 rows without a mask, four vectors a thread: the scores are formed from the row as loaded once for the max
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
 // in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
-// at 1024 columns, 2.04 -> 1.58 at 16384). fp16, and rows with a mask, measured slower this way.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
-constexpr bool kReformsScores =
-    std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t> && VEC == 8 && ITERS == 4;
+// at 1024 columns, 2.04 -> 1.58 at 16384). fp16 rows and rows with a mask, which fit 64 registers without it,
+// measured slower this way; fp16 causal rows, which do not (68-70 registers, one block a multiprocessor fewer;
+// v18), take it too.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+constexpr bool kReformsScores = VEC == 8 && ITERS == 4 && !has_mask_v<mask_t> &&
+                                (std::is_same_v<scalar_t, c10::BFloat16> || kCausal);
 
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
@@ -159,9 +161,9 @@ constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::op
 // Kernels held to 64 registers a thread, as many blocks as that leaves room for: those that reform their scores, and
 // 16-bit rows of up to four vectors a thread (blocks of up to 512 threads, two of which then fit a multiprocessor
 // where one did at 65-80 registers; benchmarks/NOTES.md, v9) whose mask, if any, is 16-bit or bool. Causal rows
-// and float32 masks spill at 64.
+// that form their scores once, and float32 masks, spill at 64.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
-constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS> ||
+constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal> ||
                                 (sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && !kCausal &&
                                  (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
 
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   };
   for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
     const int64_t row = p.order.row(visit);
-    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS>, kCausal,
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, reduce,
         static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
@@ -299,9 +301,9 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.start_at(begin);
     loader.clip(width);
-    softmax_in_registers<scalar_t, mask_t, VEC, kTargetIters, kReformsScores<scalar_t, mask_t, VEC, kTargetIters>,
-                         false, kOneReduction>(loader, cover, reduce,
-                                               static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+    softmax_in_registers<scalar_t, mask_t, VEC, kTargetIters,
+                         kReformsScores<scalar_t, mask_t, VEC, kTargetIters, false>, false, kOneReduction>(
+        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   });
 }
 
