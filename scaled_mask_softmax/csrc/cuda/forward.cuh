@@ -149,11 +149,12 @@ __device__ __forceinline__ SoftmaxStats<float> reduce_packed_stats(const Softmax
 // and again for the exponentials, instead of being held in fp32 across the max's reduction. That fits the kernel
 // in 64 registers, which doubles the warps per multiprocessor (benchmarks/NOTES.md, v5: 1.32 -> 1.22 of the floor
 // at 1024 columns, 2.04 -> 1.58 at 16384). fp16 rows and rows with a mask, which fit 64 registers without it,
-// measured slower this way; fp16 causal rows, which do not (68-70 registers, one block a multiprocessor fewer;
-// v18), take it too.
+// measured slower this way. Causal rows, which do not (68-70 registers, one block a multiprocessor fewer; v18),
+// take it in both 16-bit types without a mask or with a bool one, whose bytes are held raw beside x's.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
-constexpr bool kReformsScores = VEC == 8 && ITERS == 4 && !has_mask_v<mask_t> &&
-                                (std::is_same_v<scalar_t, c10::BFloat16> || kCausal);
+constexpr bool kReformsScores =
+    VEC == 8 && ITERS == 4 &&
+    (kCausal ? mask_bytes_v<mask_t> <= 1 : std::is_same_v<scalar_t, c10::BFloat16> && !has_mask_v<mask_t>);
 
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
