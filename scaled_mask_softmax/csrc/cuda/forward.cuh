@@ -159,14 +159,13 @@ constexpr bool kReformsScores =
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int forward_max_threads = max_threads_for(ITERS * registers_for<at::opmath_type<scalar_t>>(VEC, 1));
 
-// Kernels held to 64 registers a thread, as many blocks as that leaves room for: those that reform their scores, and
-// 16-bit rows of up to four vectors a thread (blocks of up to 512 threads, two of which then fit a multiprocessor
-// where one did at 65-80 registers; benchmarks/NOTES.md, v9) whose mask, if any, is 16-bit or bool. Causal rows
-// that form their scores once, and float32 masks, spill at 64.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
-constexpr bool kIn64Registers = kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal> ||
-                                (sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && !kCausal &&
-                                 (!has_mask_v<mask_t> || sizeof(mask_t) <= 2));
+// Kernels held to 64 registers a thread, as many blocks as that leaves room for: 16-bit rows of up to four vectors a
+// thread (blocks of up to 512 threads, two of which then fit a multiprocessor where one did at 65-80 registers;
+// benchmarks/NOTES.md, v9, v18) whose mask, if any, is 16-bit or bool; causal rows among them without a mask or with
+// a bool one only because they reform their scores. float32 masks spill at 64.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+constexpr bool kIn64Registers =
+    sizeof(scalar_t) == 2 && ITERS * VEC <= 32 && (!has_mask_v<mask_t> || sizeof(mask_t) <= 2);
 
 // One row in registers: the threads of `cover` that share it (a group of lanes, or the whole block), ITERS vectors of
 // VEC elements each; reductions over them by `reduce(value, op, identity)`, one read of x and mask, one write of y
@@ -257,15 +256,15 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal>
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 constexpr int forward_min_blocks =
-    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS, kCausal>, forward_max_threads<scalar_t, VEC, ITERS>);
+    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS>, forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
 // the rows have a causal limit; kOneReduction (fp32 scores only): as softmax_in_registers.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kCausal>)
+                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS>)
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kOneReduction || std::is_same_v<acc_t, float>, "one reduction packs fp32 max and sum");
@@ -291,7 +290,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 // kernels read it twice.
 template <typename scalar_t, typename mask_t, int VEC>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
-                                  forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, false>)
+                                  forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters>)
     forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
