@@ -120,6 +120,8 @@ struct ForwardParams {
   bool is_causal;
   int64_t causal_offset;
   double scale;
+  // y holds zeros already (zeroed_first): only the keys a row sees are written.
+  bool output_zeroed = false;
 };
 
 // dx = scale * y * (dy - sum(dy * y)) over rows of `cols` elements; dx is contiguous.
@@ -137,6 +139,8 @@ struct BackwardParams {
   bool is_causal;
   int64_t causal_offset;
   double scale;
+  // As in ForwardParams, for dx.
+  bool output_zeroed = false;
 };
 
 // One past the last key that row `row` may see: the keys [0, visible_end) take part in its softmax.

@@ -17,7 +17,8 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (!plan.in_registers) {
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC>, p, VEC,
                            backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
-      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
+      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, zeroed_first(p, p.dx, sizeof(scalar_t), stream), VEC,
+                      stream);
     }
     return;
   }

@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
         g.store_gradient(col, raw, row_dot);
       }
     });
-    store_zeros<VEC>(g.dx, past, slice.end, step);
+    if (!p.output_zeroed) store_zeros<VEC>(g.dx, past, slice.end, step);
   }
   if (blocks_per_row > 1) exchange.finish();
 }

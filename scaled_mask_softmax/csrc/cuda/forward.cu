@@ -42,13 +42,11 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
         return;
       }
     }
-    // Causal rows whose longest visible part is at most half the row, mostly zeros to write (kTwoPassShape).
-    const bool mostly_zeros = p.is_causal && 2 * (p.queries.value + p.causal_offset) <= p.cols;
     with_flag(p.is_causal, [&](auto causal) {
-      with_flag(mostly_zeros, [&](auto zeros) {
-        constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal(), zeros()>;
+      with_flag(mostly_hidden(p), [&](auto hidden) {
+        constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal(), hidden()>;
         launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>,
-                        p, VEC, stream);
+                        zeroed_first(p, p.y, sizeof(scalar_t), stream), VEC, stream);
       });
     });
     return;

@@ -233,6 +233,26 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
+// Causal rows whose longest visible part is at most a quarter of the row: nearly all zeros to write.
+template <typename Params>
+bool mostly_hidden(const Params& p) {
+  return p.is_causal && 4 * (p.queries.value + p.causal_offset) <= p.cols;
+}
+
+// p, with its `output` (y or dx, contiguous, of `element_size` bytes an element) zeroed by one memset first where
+// the rows are mostly_hidden, and output_zeroed set, so that a two-pass kernel writes only the keys a row sees. A
+// memset writes neighbouring lines from every multiprocessor at once; the kernels' blocks each write their own row
+// in a loop, a few hundred rows at once far apart (benchmarks/NOTES.md, v19). What a row sees is written twice.
+template <typename Params>
+Params zeroed_first(const Params& p, void* output, size_t element_size, cudaStream_t stream) {
+  Params zeroed = p;
+  if (mostly_hidden(p)) {
+    C10_CUDA_CHECK(cudaMemsetAsync(output, 0, static_cast<size_t>(p.rows * p.cols) * element_size, stream));
+    zeroed.output_zeroed = true;
+  }
+  return zeroed;
+}
+
 // Calls body(std::bool_constant<flag>{}): a runtime flag as a template argument.
 template <typename Body>
 void with_flag(bool flag, Body&& body) {
