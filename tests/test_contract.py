@@ -86,9 +86,8 @@ def test_mask_forms(device, dtype, cols, mask_form):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
-# On CUDA, causal rows of 9000 columns take two passes in fp32, of 17000 in every dtype; upper-left, three queries
-# see so few keys that y is zeroed by a memset first and the kernel writes only what they see (another shape of the
-# two-pass kernel for 16-bit rows); lower-right, the kernel writes every column.
+# On CUDA, causal rows of 9000 columns take two passes in fp32, of 17000 in every dtype; 16-bit rows at 17000 take
+# one shape of the two-pass kernel upper-left (three queries: mostly hidden) and another lower-right.
 @pytest.mark.parametrize("queries,cols", [(5, 5), (3, 8), (8, 3), (1, 1), (4, 1031), (6, 2048), (3, 9000), (3, 17000)])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_causal(device, dtype, causal_variant, queries, cols, with_mask):

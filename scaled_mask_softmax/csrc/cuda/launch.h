@@ -239,14 +239,20 @@ bool mostly_hidden(const Params& p) {
   return p.is_causal && 4 * (p.queries.value + p.causal_offset) <= p.cols;
 }
 
+// Bytes of a row from which zeroed_first zeroes a mostly hidden output first. After the memset, what is left of a
+// two-pass kernel is a chain of loads and reductions a row, which the row's share of the memset must outweigh: bf16
+// rows of 262,144 columns (512 KiB) 1.16 -> 1.06 of the floor in both passes; of 131,072 no faster forward and 5%
+// slower backward; of 65,536 20-25% slower (benchmarks/NOTES.md, v19).
+constexpr int64_t kZeroedFirstRowBytes = 512 << 10;
+
 // p, with its `output` (y or dx, contiguous, of `element_size` bytes an element) zeroed by one memset first where
-// the rows are mostly_hidden, and output_zeroed set, so that a two-pass kernel writes only the keys a row sees. A
-// memset writes neighbouring lines from every multiprocessor at once; the kernels' blocks each write their own row
-// in a loop, a few hundred rows at once far apart (benchmarks/NOTES.md, v19). What a row sees is written twice.
+// the rows are mostly_hidden and long, and output_zeroed set, so that a two-pass kernel writes only the keys a row
+// sees. A memset writes neighbouring lines from every multiprocessor at once; the kernels' blocks each write their
+// own row in a loop, a few hundred rows at once far apart. What a row sees is written twice.
 template <typename Params>
 Params zeroed_first(const Params& p, void* output, size_t element_size, cudaStream_t stream) {
   Params zeroed = p;
-  if (mostly_hidden(p)) {
+  if (mostly_hidden(p) && p.cols * static_cast<int64_t>(element_size) >= kZeroedFirstRowBytes) {
     C10_CUDA_CHECK(cudaMemsetAsync(output, 0, static_cast<size_t>(p.rows * p.cols) * element_size, stream));
     zeroed.output_zeroed = true;
   }
