@@ -5,7 +5,7 @@ loads (an odd row length), a group of lanes per row, a block per row in register
 a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the backward but in
 fp64 at 65536, the forward with an additive mask), and the two-pass kernels, a block per row (causal rows) or split
 over the blocks of a cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for
-element-wise loads).
+element-wise loads); causal rows that see few of their keys, whose output a memset zeroes first where they are long.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys
@@ -27,6 +27,19 @@ def masks_for(dtype, rows, cols):
     return {"none": None, "bool": attend, "same": additive.to(dtype), "float32": additive}
 
 
+def failed(x, mask, mask_name, is_causal, causal_variant):
+    """One forward and backward, the forward compared with the float64 reference; True (and a line) if it is off."""
+    x.grad = None
+    y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal, causal_variant)
+    y.backward(torch.ones_like(y))
+    expected = scaled_mask_softmax_reference(x.detach().double(), mask, 0.5, is_causal, causal_variant)
+    error = (y.double() - expected).abs().max().item()
+    if error <= TOLERANCE[x.dtype]:
+        return False
+    print(f"FAIL {x.dtype} cols={x.shape[-1]} mask={mask_name} causal={is_causal} {causal_variant}: error {error:.3g}")
+    return True
+
+
 def main() -> int:
     failures = 0
     for dtype in DTYPES:
@@ -35,15 +48,12 @@ def main() -> int:
             x = torch.randn(2, rows, cols, device="cuda", dtype=dtype).requires_grad_()
             for mask_name, mask in masks_for(dtype, rows, cols).items():
                 for is_causal in (False, True):
-                    x.grad = None
-                    y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal, "lower_right")
-                    y.backward(torch.ones_like(y))
-                    expected = scaled_mask_softmax_reference(x.detach().double(), mask, 0.5, is_causal,
-                                                             "lower_right")
-                    error = (y.double() - expected).abs().max().item()
-                    if not error <= TOLERANCE[dtype]:
-                        failures += 1
-                        print(f"FAIL {dtype} cols={cols} mask={mask_name} causal={is_causal}: error {error:.3g}")
+                    failures += failed(x, mask, mask_name, is_causal, "lower_right")
+        # Causal rows that see few of their keys (upper-left, three queries), in two passes: at 262,144 columns y
+        # and dx are zeroed by a memset first and the kernels write only what the rows see.
+        for cols in (20000, 262144):
+            x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
+            failures += failed(x, None, "none", True, "upper_left")
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")
     return 1 if failures else 0
