@@ -13,7 +13,12 @@ log="$OUT/sanitizer.log"
 : >"$log"
 for tool in memcheck racecheck initcheck synccheck; do
   echo "=== $tool" >>"$log"
-  compute-sanitizer --tool "$tool" --error-exitcode 3 python3 scripts/sanitizer_cases.py >>"$log" 2>&1
+  # racecheck looks at our kernels only (names in namespace sms): it reports hazards in torch's own reduction that
+  # the reference's all() over rows of 262,144 columns runs. The other tools see every kernel, as initcheck must
+  # to know which memory torch's kernels wrote.
+  filter=()
+  [ "$tool" = racecheck ] && filter=(--kernel-name kns=sms)
+  compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 3 python3 scripts/sanitizer_cases.py >>"$log" 2>&1
   code=$?
   echo "$tool: exit $code, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)"
   [ "$code" -eq 0 ] || status=1
