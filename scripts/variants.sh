@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Several builds compared on one GPU machine:
-#   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar
+#   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar; a .patch
+#                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar
 #   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
 #                                           the float64 reference (check --quick)
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2)
@@ -62,7 +63,18 @@ fi
 case "$action" in
   pack)
     rm -rf .variants && mkdir -p .variants
-    for ref in "$@"; do git archive --format=tar -o ".variants/${ref//\//-}.tar" "$ref" || exit 1; done ;;
+    for ref in "$@"; do
+      if [[ "$ref" == *.patch ]]; then
+        tree="$(mktemp -d)"
+        git worktree add -q --detach "$tree" HEAD && git -C "$tree" am -q "$(realpath "$ref")" &&
+          git -C "$tree" archive --format=tar -o "$PWD/.variants/$(basename "$ref" .patch).tar" HEAD
+        code=$?
+        git worktree remove --force "$tree"
+        [ "$code" -eq 0 ] || exit 1
+      else
+        git archive --format=tar -o ".variants/${ref//\//-}.tar" "$ref" || exit 1
+      fi
+    done ;;
   build) build; pack_logs ;;
   sweep) sweep "$@"; pack_logs ;;
   run) build; sweep "$@"; pack_logs ;;
