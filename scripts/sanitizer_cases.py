@@ -3,7 +3,8 @@
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
 loads (an odd row length), a group of lanes per row, a block per row in registers, a row split over the blocks of
 a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the backward but in
-fp64 at 65536, the forward with an additive mask), and the two-pass kernels, a block per row (causal rows) or split
+fp64 at 65536, the forward with an additive mask; in clusters of 8 at eight vectors a thread, where 16 blocks would
+take four: fp32 at 100000, 16-bit at 131080), and the two-pass kernels, a block per row (causal rows) or split
 over the blocks of a cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for
 element-wise loads); causal rows that see few of their keys, whose output a memset zeroes first where they are long.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
@@ -16,7 +17,7 @@ import scaled_mask_softmax as sms
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000, 40001, 65536)
+ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000, 40001, 65536, 100000, 131080)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
 

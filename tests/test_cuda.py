@@ -10,9 +10,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-# bf16: a cluster of 4 and of 16 blocks holding a row in registers, two passes over slices (element-wise loads,
-# and a row beyond 16 blocks' registers); fp32 at 65536: a cluster of 8 in registers, otherwise two passes.
-@pytest.mark.parametrize("cols", [65536, 262144, 262147, 524288])
+# A row held in the registers of a cluster's blocks: bf16 at 65536 and 100000 in 4 and 8 blocks, at 131080 and
+# 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the last slice partly filled); fp32 at
+# 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. Otherwise two passes over slices (element-wise loads,
+# and rows beyond the registers of 16 blocks).
+@pytest.mark.parametrize("cols", [65536, 100000, 131080, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
     x = random_scores((2, cols), dtype, "cuda").requires_grad_()
     mask = torch.zeros(cols, dtype=dtype, device="cuda")

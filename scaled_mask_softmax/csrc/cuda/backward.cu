@@ -15,7 +15,8 @@ template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
   if (!plan.in_registers) {
-    if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC>, p, VEC,
+    if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
+                           backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, VEC,
                            backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
       launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, zeroed_first(p, p.dx, sizeof(scalar_t), stream), VEC,
                       stream);

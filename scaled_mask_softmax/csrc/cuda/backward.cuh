@@ -194,9 +194,10 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit, as in
 // forward_in_cluster: one slice of a row for each block of a cluster, in registers, the slices' sums of dy * y
 // added through distributed shared memory. A row is read once, where the two-pass kernel reads it twice.
-template <typename scalar_t, int VEC>
+// ITERS: as forward_in_cluster.
+template <typename scalar_t, int VEC, int ITERS>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIters>,
-                                  backward_min_blocks<scalar_t, VEC, kTargetIters>)
+                                  ITERS == kTargetIters ? backward_min_blocks<scalar_t, VEC, kTargetIters> : 1)
     backward_in_cluster(const BackwardParams p, const int blocks_per_row) {
   using Row = GradientRow<scalar_t, VEC, false, int>;
   const RowCover cover(blockDim.x);
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIte
     Row g(p, row);
     g.start_at(begin);
     g.clip(width);
-    gradient_in_registers<VEC, kTargetIters>(g, cover, reduce);
+    gradient_in_registers<VEC, ITERS>(g, cover, reduce);
   });
 }
 

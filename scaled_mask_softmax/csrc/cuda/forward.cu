@@ -37,7 +37,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) {
     if constexpr (kClusterForwardsMask<mask_t>) {
-      if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC>, p, VEC,
+      if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
+                            forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
                             forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
         return;
       }

@@ -284,13 +284,13 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 }
 
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit: a row is split
-// into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at
-// kTargetIters vectors a thread as forward_in_registers does a whole row, the slices' max and sum combined through
-// distributed shared memory (for fp32 scores in one exchange, packed). A row is read once, where the two-pass
-// kernels read it twice.
-template <typename scalar_t, typename mask_t, int VEC>
+// into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at ITERS
+// vectors a thread (kTargetIters, or kWideClusterIters in one block a multiprocessor) as forward_in_registers does
+// a whole row, the slices' max and sum combined through distributed shared memory (for fp32 scores in one
+// exchange, packed). A row is read once, where the two-pass kernels read it twice.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
-                                  forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters>)
+                                  ITERS == kTargetIters ? forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters> : 1)
     forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.start_at(begin);
     loader.clip(width);
-    softmax_in_registers<scalar_t, mask_t, VEC, kTargetIters,
-                         kReformsScores<scalar_t, mask_t, VEC, kTargetIters, false>, false, kOneReduction>(
+    softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, false>, false,
+                         kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   });
 }

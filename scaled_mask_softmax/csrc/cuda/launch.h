@@ -198,20 +198,34 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
   return true;
 }
 
+// Vectors a thread of the cluster register kernels holds where a row would take kMaxClusterBlocks blocks at
+// kTargetIters: twice as many, in half as many blocks. A GPC holds whole clusters, so clusters of 16 leave 15% of an
+// H200's block slots idle (14 clusters of 16 at two blocks a multiprocessor, against 30 of 8 or 62 of 4;
+// benchmarks/NOTES.md, v20); blocks of twice the registers take one slot a multiprocessor each instead of two.
+constexpr int kWideClusterIters = 2 * kTargetIters;
+
 // Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers,
 // kTargetIters vectors a thread and at most `max_threads` threads a block: as few blocks as hold the row, up to
-// kMaxClusterBlocks. False for rows with a causal limit (most of their slices would hold only zeros), for rows that
-// one block holds or that more than kMaxClusterBlocks do, or where the device holds no such cluster.
+// kMaxClusterBlocks; or wide_kernel, the same at kWideClusterIters, where a row would take kMaxClusterBlocks.
+// False for rows with a causal limit (most of their slices would hold only zeros), for rows that one block holds or
+// that more than kMaxClusterBlocks do, or where the device holds no such cluster.
 template <typename Params>
-bool launch_in_cluster(void (*kernel)(Params, int), const Params& p, int vec, int max_threads, cudaStream_t stream) {
+bool launch_in_cluster(void (*kernel)(Params, int), void (*wide_kernel)(Params, int), const Params& p, int vec,
+                       int max_threads, cudaStream_t stream) {
   if (p.is_causal) return false;
   const int64_t vectors = ceil_div(p.cols, vec);
-  const int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
+  int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
   // One block's rows are the register kernels'.
   if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return false;
+  int iters = kTargetIters;
+  if (blocks_per_row == kMaxClusterBlocks) {
+    kernel = wide_kernel;
+    blocks_per_row /= 2;
+    iters = kWideClusterIters;
+  }
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
-  const int threads = static_cast<int>(ceil_div(ceil_div(slice_vectors, kTargetIters), kWarp) * kWarp);
+  const int threads = static_cast<int>(ceil_div(ceil_div(slice_vectors, iters), kWarp) * kWarp);
   return launch_clusters(kernel, p, blocks_per_row, threads, stream);
 }
 
