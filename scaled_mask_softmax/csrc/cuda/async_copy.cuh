@@ -1,5 +1,6 @@
 // sm_90 mbarriers in shared memory, for copies that run beside the threads: st.async between the blocks of a
-// cluster counts its bytes on the receiver's barrier, which the receiving threads wait on.
+// cluster, and bulk copies from global memory, count their bytes on the receiver's barrier, which the receiving
+// threads wait on.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,16 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t phase) 
         : "r"(shared_address(barrier)), "r"(phase)
         : "memory");
   }
+}
+
+// Has the copy engine bring `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into this
+// block's shared memory, counting them on `barrier` as they land.
+__device__ __forceinline__ void bulk_copy_to_shared(void* destination, const void* source, uint32_t bytes,
+                                                    uint64_t* barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(shared_address(destination)), "l"(__cvta_generic_to_global(source)), "r"(bytes),
+               "r"(shared_address(barrier))
+               : "memory");
 }
 
 #endif

@@ -31,6 +31,41 @@ constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
 // lanes measured slower (benchmarks/NOTES.md, v13).
 constexpr int kOneReductionThreads = 256;
 
+// Launches forward_staged for rows that whole blocks hold in registers (`plan`), where the device runs its sm_90
+// code, every mask row is whole 16-byte words from a 16-byte boundary, and its shared memory leaves a multiprocessor
+// at least as many blocks as forward_in_registers' registers do; false otherwise.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
+bool launch_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
+    return false;
+  } else {
+    if (plan.width != plan.threads) return false;
+    if constexpr (has_mask_v<mask_t>) {
+      constexpr int kMaskVec = 16 / sizeof(mask_t);
+      if (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t))) {
+        return false;
+      }
+    }
+    const auto kernel = forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>;
+    cudaFuncAttributes attributes;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const int64_t bytes = kStagedRows * staged_row_bytes<scalar_t, mask_t>(p.cols);
+    if (attributes.binaryVersion < 90 || bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+      return false;
+    }
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    int staged_blocks = 0;
+    int register_blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged_blocks, kernel, plan.threads, bytes));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &register_blocks, forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, plan.threads, 0));
+    if (staged_blocks < register_blocks) return false;
+    const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
+    kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), plan.threads, bytes, stream>>>(p);
+    return true;
+  }
+}
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -60,6 +95,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     const unsigned blocks = blocks_for(p.rows, plan);
     with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
+        if (launch_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) return;
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
       };

@@ -146,14 +146,16 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
   return {false, 1, kLongRowThreads, kLongRowThreads};
 }
 
-// The current device's L2 cache.
-inline int64_t l2_bytes() {
+// The current device's `attribute`.
+inline int device_attribute(cudaDeviceAttr attribute) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  int bytes = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-  return bytes;
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
+
+inline int64_t l2_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
 
 // Grids stride over rows; this cap only guards the launch limit.
 constexpr int64_t kMaxBlocks = 1 << 30;
