@@ -43,6 +43,33 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
         assert not y[..., 3:].any() and not x.grad[..., 3:].any()
 
 
+# Rows that forward_staged brings into shared memory (on sm_90), those the register kernel would hold in at most
+# two blocks a multiprocessor: 16-bit rows of 16,384 columns, fp32 of 8192 and 16,384, fp64 of 4096 (causal ones
+# too). 16,376 columns: a bool mask row is not whole 16-byte words there, and the register kernel takes it.
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 16384), (torch.float16, 16384), (torch.bfloat16, 16376),
+                                         (torch.float32, 8192), (torch.float32, 16384), (torch.float64, 4096)])
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias", "causal"])
+def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
+    batch, heads, queries = 2, 3, 5
+    x = random_scores((batch, heads, queries, cols), dtype, "cuda").requires_grad_()
+    mask = None
+    if mask_form == "key_padding":
+        mask = torch.rand((batch, 1, 1, cols), generator=torch.Generator().manual_seed(3)) > 0.3
+        mask[1] = False  # every row of the second batch all masked
+        mask = mask.cuda()
+    elif mask_form == "bias":
+        mask = random_scores((1, heads, queries, cols), torch.float32, "cuda", generator_seed=2)
+    is_causal = mask_form == "causal"
+    # Lower-right: each query sees the keys of a cache before it, as when decoding.
+    y = sms.scaled_mask_softmax(x, mask, 0.7, is_causal, "lower_right")
+    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.7, is_causal, "lower_right", dy)
+    assert_close_to(y, y_ref, dtype)
+    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+    assert not y.isnan().any()
+
+
 def test_more_long_rows_than_the_l2_holds():
     """More long rows than the two-pass kernels may take at once and still find in L2 what their first pass read,
     with a mask shared over the batch and larger than half of an H100's or H200's L2 (42 MB), which has them take
