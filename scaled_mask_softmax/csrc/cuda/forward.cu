@@ -31,18 +31,10 @@ constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
 // lanes measured slower (benchmarks/NOTES.md, v13).
 constexpr int kOneReductionThreads = 256;
 
-// Where forward_in_registers fits at most this many blocks a multiprocessor, and so has at most that many rows on
-// their way at once, forward_staged takes its rows. 16-bit rows of 16,384 columns (two blocks) measured 1.171 ->
-// 1.135 of the floor, fp32 (one) 1.173 -> 1.094; rows of 4096 columns in eight blocks of 128 threads, 1.063 ->
-// 1.184, and of 1024 in one- and two-warp blocks, 1.020 -> 1.153 (benchmarks/NOTES.md, v22).
-constexpr int kStagedMaxBlocks = 2;
-
-// Launches forward_staged for rows that whole blocks hold in registers (`plan`) and that forward_in_registers would
-// take in at most kStagedMaxBlocks blocks a multiprocessor, where the device runs its sm_90 code, every mask row is
-// whole 16-byte words from a 16-byte boundary, and its shared memory leaves a multiprocessor as many blocks as
-// forward_in_registers' registers do; false otherwise.
+// Launches forward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`) where every mask row
+// is whole 16-byte words from a 16-byte boundary; false otherwise.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
-bool launch_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
     return false;
   } else {
@@ -53,24 +45,9 @@ bool launch_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t str
         return false;
       }
     }
-    int register_blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &register_blocks, forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, plan.threads, 0));
-    if (register_blocks > kStagedMaxBlocks) return false;
-    const auto kernel = forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>;
-    cudaFuncAttributes attributes;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    const int64_t bytes = kStagedRows * staged_row_bytes<scalar_t, mask_t>(p.cols);
-    if (attributes.binaryVersion < 90 || bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
-      return false;
-    }
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    int staged_blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged_blocks, kernel, plan.threads, bytes));
-    if (staged_blocks < register_blocks) return false;
-    const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
-    kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), plan.threads, bytes, stream>>>(p);
-    return true;
+    return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
+                         forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
+                         stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream);
   }
 }
 
@@ -103,7 +80,9 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     const unsigned blocks = blocks_for(p.rows, plan);
     with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        if (launch_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) return;
+        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
+          return;
+        }
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
       };

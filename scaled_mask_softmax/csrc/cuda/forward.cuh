@@ -8,6 +8,7 @@
 #include "launch.h"
 #include "load_store.cuh"
 #include "reduce.cuh"
+#include "staged.cuh"
 
 namespace sms {
 
@@ -283,28 +284,11 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   }
 }
 
-// Rows that forward_staged keeps on their way to a block at once: the one it works on and the next.
-constexpr int kStagedRows = 2;
-
-SMS_HOST_DEVICE int64_t round_up(int64_t n, int64_t multiple) { return ceil_div(n, multiple) * multiple; }
-
-// The shared memory forward_staged gives a row: x's bytes, then the mask's, each from a 128-byte boundary.
-template <typename scalar_t, typename mask_t>
-SMS_HOST_DEVICE int64_t staged_x_bytes(int64_t cols) {
-  return round_up(cols * static_cast<int64_t>(sizeof(scalar_t)), 128);
-}
-
-template <typename scalar_t, typename mask_t>
-SMS_HOST_DEVICE int64_t staged_row_bytes(int64_t cols) {
-  return staged_x_bytes<scalar_t, mask_t>(cols) + round_up(cols * mask_bytes_v<mask_t>, 128);
-}
-
 // Rows that a block holds in registers, as forward_in_registers, but brought into shared memory first by the copy
-// engine (sm_90 bulk copies, 16-byte vectors: each row's visible vectors of x and mask in one or two copies that one
-// thread issues) kStagedRows rows ahead. A block's next row is then on its way while it works on this one, where
-// the register kernel's block has nothing in flight between its last load of one row and its first of the next.
-// A persistent grid: rows blockIdx.x, + gridDim.x, ... Every mask row must start 16-byte aligned and span whole
-// 16-byte words (launch_staged).
+// engine (for_each_staged_row: each row's visible vectors of x and mask, 16 bytes each, in one or two bulk copies)
+// a row ahead. A block's next row is then on its way while it works on this one, where the register kernel's block
+// has nothing in flight between its last load of one row and its first of the next. Every mask row must start
+// 16-byte aligned and span whole 16-byte words (launch_forward_staged).
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   forward_min_blocks<scalar_t, mask_t, VEC, ITERS>)
@@ -312,65 +296,33 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(VEC * sizeof(scalar_t) == 16, "bulk copies move whole 16-byte vectors");
-  extern __shared__ __align__(128) unsigned char stages[];
-  __shared__ uint64_t landed[kStagedRows];
+  constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ uint64_t shared[kWarp];
-  const int64_t x_bytes = staged_x_bytes<scalar_t, mask_t>(p.cols);
-  const int64_t row_bytes = staged_row_bytes<scalar_t, mask_t>(p.cols);
-  const auto staged_x = [&](int stage) { return reinterpret_cast<scalar_t*>(stages + stage * row_bytes); };
-  const auto staged_mask = [&](int stage) { return reinterpret_cast<mask_t*>(stages + stage * row_bytes + x_bytes); };
-  // Run by one thread: the copies of row `visit`'s visible vectors into `stage`.
-  const auto bring = [&](int64_t visit, int stage) {
+  const int64_t mask_offset = second_operand_offset(p.cols, sizeof(scalar_t));
+  const auto bring = [&](int64_t visit, unsigned char* stage, uint64_t* barrier) {
     const int64_t row = p.order.row(visit);
     int64_t x_start, mask_start;
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     const int64_t visible = round_up(visible_end(p, row), VEC);
-    const uint32_t x_copy = static_cast<uint32_t>(visible * sizeof(scalar_t));
-    const uint32_t mask_copy = static_cast<uint32_t>(round_up(visible * mask_bytes_v<mask_t>, 16));
-    barrier_arrive_expecting(&landed[stage], x_copy + mask_copy);
-    if (x_copy > 0) {
-      bulk_copy_to_shared(staged_x(stage), static_cast<const scalar_t*>(p.x) + x_start, x_copy, &landed[stage]);
-    }
-    if constexpr (has_mask_v<mask_t>) {
-      if (mask_copy > 0) {
-        bulk_copy_to_shared(staged_mask(stage), static_cast<const mask_t*>(p.mask) + mask_start, mask_copy,
-                            &landed[stage]);
-      }
-    }
+    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.x) + x_start, copy_bytes(visible, sizeof(scalar_t)),
+               stage + mask_offset, static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
+               copy_bytes(visible, kMaskSize));
   };
-  const bool leader = threadIdx.x == 0;
-  if (leader) {
-    for (int stage = 0; stage < kStagedRows; ++stage) barrier_init(&landed[stage], 1);
-    barrier_init_fence();
-  }
-  __syncthreads();
-  const int64_t step = gridDim.x;
-  if (leader) {
-    for (int stage = 0; stage < kStagedRows; ++stage) {
-      if (blockIdx.x + stage * step < p.rows) bring(blockIdx.x + stage * step, stage);
-    }
-  }
   const RowCover cover(blockDim.x);
-  int k = 0;
-  for (int64_t visit = blockIdx.x; visit < p.rows; visit += step, ++k) {
-    const int stage = k % kStagedRows;
-    barrier_wait(&landed[stage], (k / kStagedRows) & 1);
+  const auto reduce = [&](auto value, auto op, auto identity) {
+    return row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
+  };
+  for_each_staged_row(p.rows, stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize), bring,
+                      [&](int64_t visit, unsigned char* stage) {
     const int64_t row = p.order.row(visit);
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
-    loader.x = staged_x(stage);
-    loader.mask = staged_mask(stage);
+    loader.x = reinterpret_cast<const scalar_t*>(stage);
+    loader.mask = reinterpret_cast<const mask_t*>(stage + mask_offset);
     loader.pin_addresses();
-    const auto reduce = [&](auto value, auto op, auto identity) {
-      return row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
-    };
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols,
                                         static_cast<int>(p.cols));
-    // Every thread is done with the stage: it may take the row after the next. Issued here rather than once the
-    // row is in registers, where the copy's arithmetic spilled (ptxas, sm_90, at 64 registers).
-    __syncthreads();
-    if (leader && visit + kStagedRows * step < p.rows) bring(visit + kStagedRows * step, stage);
-  }
+  });
 #endif
 }
 
