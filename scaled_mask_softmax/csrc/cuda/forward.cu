@@ -11,11 +11,12 @@
 namespace sms {
 namespace {
 
-// Causal rows of at least this many columns take the two-pass kernel even where they fit registers: it reads and
-// exponentiates a row's visible keys in a loop, where the register kernel's block pays a whole row's chain of
-// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192
-// columns, where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured
-// slower in two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17).
+// Causal rows of at least this many columns take the two-pass kernel even where they fit registers, unless
+// forward_staged takes them (launch_in_registers): the two-pass kernel reads and exponentiates a row's visible keys
+// in a loop, where the register kernel's block pays a whole row's chain of loads, reductions and stores however few
+// keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns, where the two-pass kernel measured 1.16
+// of the floor against 1.44; 16-bit rows of 8192 columns measured slower in two passes (bf16 1.57 against 1.37),
+// and rows of 4096 or fewer much slower in any dtype (v17).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
@@ -31,6 +32,13 @@ constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
 // lanes measured slower (benchmarks/NOTES.md, v13).
 constexpr int kOneReductionThreads = 256;
 
+// Causal rows of at least this many bytes take forward_staged however many blocks of forward_in_registers fit a
+// multiprocessor: a causal row's block pays its chain of loads and reductions whatever its visible length, and its
+// one or two bulk copies bring only the visible part. bf16 rows of 4096 columns (eight blocks) measured 1.317 ->
+// 1.282 of the floor where rows without a causal limit measured slower; causal rows of 1024 columns, in blocks of
+// one or two warps, 1.138-1.236 -> 1.275-1.426 (benchmarks/NOTES.md, v22).
+constexpr int64_t kStagedCausalRowBytes = 8192;
+
 // Launches forward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`) where every mask row
 // is whole 16-byte words from a 16-byte boundary; false otherwise.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
@@ -45,46 +53,33 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
         return false;
       }
     }
+    const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
     return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
                          forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
-                         stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream);
+                         stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
+                         long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
   }
 }
 
+// Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
+// them, by forward_in_registers otherwise, except causal rows from kCausalTwoPassColumns on, which only
+// forward_staged takes here. False where neither does.
 template <typename scalar_t, typename mask_t, int VEC>
-void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
+bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) {
-    if constexpr (kClusterForwardsMask<mask_t>) {
-      if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
-                            forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
-                            forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
-        return;
-      }
-    }
-    with_flag(p.is_causal, [&](auto causal) {
-      with_flag(mostly_hidden(p), [&](auto hidden) {
-        constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal(), hidden()>;
-        launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>,
-                        zeroed_first(p, p.y, sizeof(scalar_t), stream), VEC, stream);
-      });
-    });
-    return;
-  }
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
+  bool launched = false;
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
-    const unsigned blocks = blocks_for(p.rows, plan);
     with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
-          return;
-        }
+        launched = launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream);
+        if (launched || (causal() && p.cols >= kCausalTwoPassColumns<scalar_t>)) return;
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
-            <<<blocks, plan.threads, 0, stream>>>(p, plan.width);
+            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+        launched = true;
       };
       // Only the kernels a row can reach are instantiated: below kTargetIters vectors a thread, rows are shared by
       // groups of lanes, which reduce twice (as fp64 scores always do); above it, by blocks that reduce once.
@@ -95,6 +90,28 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
       } else {
         with_flag(plan.width >= kOneReductionThreads, launch);
       }
+    });
+  });
+  return launched;
+}
+
+template <typename scalar_t, typename mask_t, int VEC>
+void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
+  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  if constexpr (kClusterForwardsMask<mask_t>) {
+    if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
+                          forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
+                          forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+      return;
+    }
+  }
+  with_flag(p.is_causal, [&](auto causal) {
+    with_flag(mostly_hidden(p), [&](auto hidden) {
+      constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal(), hidden()>;
+      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>,
+                      zeroed_first(p, p.y, sizeof(scalar_t), stream), VEC, stream);
     });
   });
 }

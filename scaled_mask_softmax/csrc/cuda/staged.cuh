@@ -83,14 +83,14 @@ __device__ __forceinline__ void for_each_staged_row(int64_t rows, int64_t stage_
 
 // Launches kernel(p), a staged kernel of `threads` threads a block and `stage_bytes` of shared memory a row, in a
 // persistent grid, where register_kernel, the kernel that would take the rows otherwise, fits at most
-// kStagedMaxBlocks blocks a multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory leaves a
-// multiprocessor as many blocks as register_kernel's registers do; false otherwise.
+// `max_register_blocks` blocks a multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory
+// leaves a multiprocessor as many blocks as register_kernel's registers do; false otherwise.
 template <typename Params, typename... Args>
 bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
-                   int64_t stage_bytes, cudaStream_t stream) {
+                   int64_t stage_bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
   int register_blocks = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, register_kernel, threads, 0));
-  if (register_blocks > kStagedMaxBlocks) return false;
+  if (register_blocks > max_register_blocks) return false;
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
   const int64_t bytes = kStagedRows * stage_bytes;
