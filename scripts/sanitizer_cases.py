@@ -2,8 +2,8 @@
 
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector and element-wise
 loads (an odd row length), a group of lanes per row, a block per row in registers (on sm_90, where few such blocks
-fit a multiprocessor, and causal rows of 8 KiB or more, brought into shared memory by bulk copies first: 16384 in
-16-bit types and fp32, 2048 in fp64 and causal fp32), a row split over the blocks of
+fit a multiprocessor, and causal rows of 8 KiB or more, brought into shared memory by bulk copies first: forward,
+16384 in 16-bit types and fp32, 2048 in fp64 and causal fp32; backward, 8192 in fp32), a row split over the blocks of
 a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the backward but in
 fp64 at 65536, the forward with an additive mask; in clusters of 8 at eight vectors a thread, where 16 blocks would
 take four: fp32 at 100000, 16-bit at 131080), and the two-pass kernels, a block per row (causal rows) or split
@@ -19,7 +19,7 @@ import scaled_mask_softmax as sms
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 16384, 20000, 40001, 65536, 100000, 131080)
+ROW_LENGTHS = (1, 7, 64, 1000, 2048, 3001, 8192, 16384, 20000, 40001, 65536, 100000, 131080)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
 

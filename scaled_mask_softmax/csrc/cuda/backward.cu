@@ -11,6 +11,19 @@
 namespace sms {
 namespace {
 
+// Launches backward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`); false otherwise.
+template <typename scalar_t, int VEC, int ITERS, bool kCausal>
+bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
+    return false;
+  } else {
+    return plan.width == plan.threads &&
+           launch_staged(backward_staged<scalar_t, VEC, ITERS, kCausal>,
+                         backward_in_registers<scalar_t, VEC, ITERS, kCausal>, p, plan.threads,
+                         stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t)), stream);
+  }
+}
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
@@ -24,8 +37,10 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     return;
   }
   with_iters(plan.iters, [&](auto iters) {
-    backward_in_registers<scalar_t, VEC, decltype(iters)::value, kCausal>
-        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+    constexpr int kIters = decltype(iters)::value;
+    if (launch_backward_staged<scalar_t, VEC, kIters, kCausal>(p, plan, stream)) return;
+    backward_in_registers<scalar_t, VEC, kIters, kCausal><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(
+        p, plan.width);
   });
 }
 

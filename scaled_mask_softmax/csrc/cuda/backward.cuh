@@ -7,6 +7,7 @@
 #include "launch.h"
 #include "load_store.cuh"
 #include "reduce.cuh"
+#include "staged.cuh"
 
 namespace sms {
 
@@ -189,6 +190,39 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
   for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
     gradient_in_registers<VEC, ITERS>(Row(p, row), cover, reduce);
   }
+}
+
+// Rows that a block holds in registers, as backward_in_registers, brought into shared memory first as in
+// forward_staged: each row's visible vectors of y and dy, in two bulk copies, a row ahead.
+template <typename scalar_t, int VEC, int ITERS, bool kCausal>
+__global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, backward_min_blocks<scalar_t, VEC, ITERS>)
+    backward_staged(const BackwardParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
+  using acc_t = typename Row::acc_t;
+  static_assert(VEC * sizeof(scalar_t) == 16, "bulk copies move whole 16-byte vectors");
+  __shared__ acc_t shared[kWarp];
+  const int64_t dy_offset = second_operand_offset(p.cols, sizeof(scalar_t));
+  const auto bring = [&](int64_t row, unsigned char* stage, uint64_t* barrier) {
+    int64_t y_start, dy_start;
+    row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
+    const uint32_t bytes = copy_bytes(kCausal ? round_up(visible_end(p, row), VEC) : p.cols, sizeof(scalar_t));
+    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.y) + y_start, bytes, stage + dy_offset,
+               static_cast<const scalar_t*>(p.dy) + dy_start, bytes);
+  };
+  const RowCover cover(blockDim.x);
+  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+    return row_reduce(value, op, identity, blockDim.x, shared);
+  };
+  for_each_staged_row(p.rows, stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t)), bring,
+                      [&](int64_t row, unsigned char* stage) {
+    Row g(p, row);
+    g.y = reinterpret_cast<const scalar_t*>(stage);
+    g.dy = reinterpret_cast<const scalar_t*>(stage + dy_offset);
+    g.pin_addresses();
+    gradient_in_registers<VEC, ITERS>(g, cover, reduce);
+  });
+#endif
 }
 
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit, as in
