@@ -43,6 +43,28 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
         assert not y[..., 3:].any() and not x.grad[..., 3:].any()
 
 
+def assert_matches_reference_with(x, mask_form, scale):
+    """x's forward and backward against the float64 reference, with `mask_form`: none; a bool key-padding mask over
+    the batch, the second batch all masked; an fp32 bias over all but the batch; or causal rows that see the keys of
+    a cache before them (lower-right), as when decoding."""
+    mask = None
+    if mask_form == "key_padding":
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) > 0.3
+        mask[1] = False
+        mask = mask.cuda()
+    elif mask_form == "bias":
+        mask = random_scores((1,) + x.shape[1:], torch.float32, "cuda", generator_seed=2)
+    is_causal = mask_form == "causal"
+    y = sms.scaled_mask_softmax(x, mask, scale, is_causal, "lower_right")
+    dy = random_scores(x.shape, x.dtype, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, scale, is_causal, "lower_right", dy)
+    assert_close_to(y, y_ref, x.dtype)
+    assert_close_to(x.grad, dx_ref, x.dtype, scale=4)
+    assert not y.isnan().any()
+
+
 # Rows that forward_staged brings into shared memory (on sm_90), those the register kernel would hold in at most
 # two blocks a multiprocessor: 16-bit rows of 16,384 columns, fp32 of 8192 and 16,384, fp64 of 4096; causal rows of
 # at least 8 KiB (bf16 of 4096 columns, fp32 of 2048); and those of backward_staged, fp32 rows of 4097-8192 columns
@@ -53,24 +75,19 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
                                          (torch.bfloat16, 4096), (torch.float32, 2048)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias", "causal"])
 def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
-    batch, heads, queries = 2, 3, 5
-    x = random_scores((batch, heads, queries, cols), dtype, "cuda").requires_grad_()
-    mask = None
-    if mask_form == "key_padding":
-        mask = torch.rand((batch, 1, 1, cols), generator=torch.Generator().manual_seed(3)) > 0.3
-        mask[1] = False  # every row of the second batch all masked
-        mask = mask.cuda()
-    elif mask_form == "bias":
-        mask = random_scores((1, heads, queries, cols), torch.float32, "cuda", generator_seed=2)
-    is_causal = mask_form == "causal"
-    # Lower-right: each query sees the keys of a cache before it, as when decoding.
-    y = sms.scaled_mask_softmax(x, mask, 0.7, is_causal, "lower_right")
-    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
-    y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.7, is_causal, "lower_right", dy)
-    assert_close_to(y, y_ref, dtype)
-    assert_close_to(x.grad, dx_ref, dtype, scale=4)
-    assert not y.isnan().any()
+    assert_matches_reference_with(random_scores((2, 3, 5, cols), dtype, "cuda").requires_grad_(), mask_form, 0.7)
+
+
+# Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
+# brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
+# 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. Where the stages of x
+# and an fp32 bias are too large (bf16 at 262,144, fp32 at 65,536), the cluster register kernel takes the rows; with a
+# bool mask, 100,000 fp32 columns give slices that are not whole 16-byte words of it, and two passes take them.
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
+                                         (torch.float32, 65536), (torch.float32, 100000)])
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])
+def test_long_rows_staged_in_clusters(dtype, cols, mask_form):
+    assert_matches_reference_with(random_scores((2, 3, cols), dtype, "cuda").requires_grad_(), mask_form, 0.3)
 
 
 def test_more_long_rows_than_the_l2_holds():

@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, ba
   const auto reduce = [&](acc_t value, auto op, acc_t identity) {
     return row_reduce(value, op, identity, blockDim.x, shared);
   };
-  for_each_staged_row(p.rows, stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t)), bring,
-                      [&](int64_t row, unsigned char* stage) {
+  const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t));
+  for_each_staged_row(blockIdx.x, gridDim.x, p.rows, stage_bytes, bring, [&](int64_t row, unsigned char* stage) {
     Row g(p, row);
     g.y = reinterpret_cast<const scalar_t*>(stage);
     g.dy = reinterpret_cast<const scalar_t*>(stage + dy_offset);

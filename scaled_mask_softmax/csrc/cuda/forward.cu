@@ -39,6 +39,17 @@ constexpr int kOneReductionThreads = 256;
 // one or two warps, 1.138-1.236 -> 1.275-1.426 (benchmarks/NOTES.md, v22).
 constexpr int64_t kStagedCausalRowBytes = 8192;
 
+// Whether every row of the mask starts 16-byte aligned and spans whole 16-byte words, as bulk copies need.
+template <typename mask_t>
+bool mask_rows_in_words(const ForwardParams& p) {
+  if constexpr (has_mask_v<mask_t>) {
+    constexpr int kMaskVec = 16 / sizeof(mask_t);
+    return p.cols % kMaskVec == 0 && rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t));
+  } else {
+    return true;
+  }
+}
+
 // Launches forward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`) where every mask row
 // is whole 16-byte words from a 16-byte boundary; false otherwise.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
@@ -46,18 +57,32 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
   if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
     return false;
   } else {
-    if (plan.width != plan.threads) return false;
-    if constexpr (has_mask_v<mask_t>) {
-      constexpr int kMaskVec = 16 / sizeof(mask_t);
-      if (p.cols % kMaskVec != 0 || !rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t))) {
-        return false;
-      }
-    }
+    if (plan.width != plan.threads || !mask_rows_in_words<mask_t>(p)) return false;
     const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
     return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
                          forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
                          stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
                          long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
+  }
+}
+
+// Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
+// half as many blocks where those would hold kTargetIters vectors a thread (at least two), where every slice of a
+// mask row is whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages;
+// false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers).
+template <typename scalar_t, typename mask_t, int VEC>
+bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    const ClusterShape shape = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+    if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
+    const int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
+    const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
+    if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
+    const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
+    return launch_clusters(forward_staged_in_cluster<scalar_t, mask_t, VEC>, p, blocks_per_row, threads, stream,
+                           kStagedRows * stage_bytes_for(widest, sizeof(scalar_t), mask_bytes_v<mask_t>));
   }
 }
 
@@ -100,6 +125,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
                           forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,

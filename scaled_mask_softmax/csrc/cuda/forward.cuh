@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   const auto reduce = [&](auto value, auto op, auto identity) {
     return row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
   };
-  for_each_staged_row(p.rows, stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize), bring,
-                      [&](int64_t visit, unsigned char* stage) {
+  const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize);
+  for_each_staged_row(blockIdx.x, gridDim.x, p.rows, stage_bytes, bring, [&](int64_t visit, unsigned char* stage) {
     const int64_t row = p.order.row(visit);
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.x = reinterpret_cast<const scalar_t*>(stage);
@@ -348,6 +348,58 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
                          kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   });
+}
+
+// Rows split over the blocks of a cluster in registers, as forward_in_cluster at kWideClusterIters vectors a thread,
+// each block's slice of x and mask brought into shared memory first, a row ahead, as in forward_staged: a block's
+// next slice is then on its way while the cluster exchanges this row's max and sum, where forward_in_cluster's
+// blocks have nothing in flight. At kTargetIters, held to 64 registers for two blocks a multiprocessor, the loop's
+// state spilled 8-36 bytes (ptxas, sm_90, 16-bit rows with a mask). A persistent grid of clusters. Every slice of a
+// mask row must start 16-byte aligned and span whole 16-byte words (launch_forward_staged_in_cluster).
+template <typename scalar_t, typename mask_t, int VEC>
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>, 1)
+    forward_staged_in_cluster(const ForwardParams p, const int blocks_per_row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
+  using Value = std::conditional_t<kOneReduction, uint64_t, acc_t>;
+  constexpr int kMaskSize = mask_bytes_v<mask_t>;
+  __shared__ Value shared[kWarp];
+  __shared__ ClusterExchange<Value, kMaxClusterBlocks> exchange;
+  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  const int begin = static_cast<int>(slice.begin);
+  const int width = static_cast<int>(slice.end - slice.begin);
+  // Every block's stages are laid out for the widest slice.
+  const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
+  const int64_t mask_offset = second_operand_offset(widest, sizeof(scalar_t));
+  const auto bring = [&](int64_t visit, unsigned char* stage, uint64_t* barrier) {
+    int64_t x_start, mask_start;
+    row_starts(p.shape, p.order.row(visit), p.x_strides, p.mask_strides, x_start, mask_start);
+    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.x) + x_start + begin, copy_bytes(width, sizeof(scalar_t)),
+               stage + mask_offset, static_cast<const unsigned char*>(p.mask) + (mask_start + begin) * kMaskSize,
+               copy_bytes(width, kMaskSize));
+  };
+  const RowCover cover(blockDim.x);
+  int round = 0;
+  const auto reduce = [&](Value value, auto op, Value identity) {
+    return exchange.reduce(row_reduce(value, op, identity, blockDim.x, shared), op, blocks_per_row, round++);
+  };
+  exchange.start();
+  const int64_t stage_bytes = stage_bytes_for(widest, sizeof(scalar_t), kMaskSize);
+  for_each_staged_row(slice.first_row(), slice.row_step(), p.rows, stage_bytes, bring,
+                      [&](int64_t visit, unsigned char* stage) {
+    const int64_t row = p.order.row(visit);
+    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
+    loader.start_at(begin);
+    loader.clip(width);
+    loader.x = reinterpret_cast<const scalar_t*>(stage);
+    loader.mask = reinterpret_cast<const mask_t*>(stage + mask_offset);
+    loader.pin_addresses();
+    softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction>(
+        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+  });
+  exchange.finish();
+#endif
 }
 
 // The row's max and sum from each thread's of a block: for fp32, one reduction of the pairs packed in 64 bits;

@@ -89,6 +89,11 @@ struct RowCover {
   __device__ __forceinline__ int column(int i, int vec) const { return (i * width_ + lane_) * vec; }
 };
 
+// Columns of each slice but the last where a row of `cols` is split into `blocks` slices of whole vectors of `vec`.
+SMS_HOST_DEVICE int64_t slice_columns(int64_t cols, int vec, int blocks) {
+  return ceil_div(ceil_div(cols, vec), blocks) * vec;
+}
+
 // The part of a row a block of the two-pass kernels takes: one of `blocks_per_row` slices of whole vectors, in
 // the rank order of the blocks of a cluster, and the rows it takes one after another.
 struct RowSlice {
@@ -97,8 +102,7 @@ struct RowSlice {
   int blocks_per_row;
 
   __device__ RowSlice(int64_t cols, int vec, int blocks_per_row) : blocks_per_row(blocks_per_row) {
-    const int64_t vectors = ceil_div(cols, vec);
-    const int64_t width = (vectors + blocks_per_row - 1) / blocks_per_row * vec;
+    const int64_t width = slice_columns(cols, vec, blocks_per_row);
     const int64_t start = static_cast<int64_t>(blockIdx.x % blocks_per_row) * width;
     begin = start < cols ? start : cols;
     end = start + width < cols ? start + width : cols;
@@ -169,10 +173,11 @@ inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
 }
 
 // Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to a row;
-// false where the kernel has no sm_90 code or the device holds no such cluster.
+// false where the kernel has no sm_90 code or the device holds no such cluster. `shared_bytes`: the dynamic shared
+// memory of a staged kernel's blocks (staged.cuh), which loop over rows in a grid the device holds at once.
 template <typename Params>
 bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_per_row, int threads,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int64_t shared_bytes = 0) {
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
   if (attributes.binaryVersion < 90) return false;
@@ -182,6 +187,11 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
     (void)cudaGetLastError();
     return false;
   }
+  if (shared_bytes > 0) {
+    if (shared_bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+  }
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = blocks_per_row;
@@ -190,12 +200,16 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
   config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
   int resident_clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
   if (resident_clusters == 0) return false;
+  if (shared_bytes > 0) {
+    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(p.rows, resident_clusters) * blocks_per_row));
+  }
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
   return true;
 }
@@ -206,29 +220,41 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
 // benchmarks/NOTES.md, v20); blocks of twice the registers take one slot a multiprocessor each instead of two.
 constexpr int kWideClusterIters = 2 * kTargetIters;
 
-// Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers,
-// kTargetIters vectors a thread and at most `max_threads` threads a block: as few blocks as hold the row, up to
-// kMaxClusterBlocks; or wide_kernel, the same at kWideClusterIters, where a row would take kMaxClusterBlocks.
-// False for rows with a causal limit (most of their slices would hold only zeros), for rows that one block holds or
-// that more than kMaxClusterBlocks do, or where the device holds no such cluster.
+// How the cluster register kernels split a row: `blocks_per_row` blocks of `threads` threads, `wide`: at
+// kWideClusterIters vectors a thread rather than kTargetIters. blocks_per_row is 0 where they do not: rows with a
+// causal limit (most of their slices would hold only zeros), rows that one block holds or that more than
+// kMaxClusterBlocks do.
+struct ClusterShape {
+  int blocks_per_row;
+  int threads;
+  bool wide;
+};
+
+// As few blocks as hold the row at kTargetIters vectors a thread and at most `max_threads` threads a block, up to
+// kMaxClusterBlocks; where a row would take kMaxClusterBlocks, half as many at kWideClusterIters.
 template <typename Params>
-bool launch_in_cluster(void (*kernel)(Params, int), void (*wide_kernel)(Params, int), const Params& p, int vec,
-                       int max_threads, cudaStream_t stream) {
-  if (p.is_causal) return false;
+ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
   const int64_t vectors = ceil_div(p.cols, vec);
   int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
   // One block's rows are the register kernels'.
-  if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return false;
-  int iters = kTargetIters;
-  if (blocks_per_row == kMaxClusterBlocks) {
-    kernel = wide_kernel;
-    blocks_per_row /= 2;
-    iters = kWideClusterIters;
-  }
+  if (p.is_causal || blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return {0, 0, false};
+  const bool wide = blocks_per_row == kMaxClusterBlocks;
+  if (wide) blocks_per_row /= 2;
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
-  const int threads = static_cast<int>(ceil_div(ceil_div(slice_vectors, iters), kWarp) * kWarp);
-  return launch_clusters(kernel, p, blocks_per_row, threads, stream);
+  const int iters = wide ? kWideClusterIters : kTargetIters;
+  return {blocks_per_row, static_cast<int>(ceil_div(ceil_div(slice_vectors, iters), kWarp) * kWarp), wide};
+}
+
+// Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers, as
+// cluster_shape splits it (wide_kernel where it is wide); false where cluster_shape does not split the row or the
+// device holds no such cluster.
+template <typename Params>
+bool launch_in_cluster(void (*kernel)(Params, int), void (*wide_kernel)(Params, int), const Params& p, int vec,
+                       int max_threads, cudaStream_t stream) {
+  const ClusterShape shape = cluster_shape(p, vec, max_threads);
+  return shape.blocks_per_row > 0 &&
+         launch_clusters(shape.wide ? wide_kernel : kernel, p, shape.blocks_per_row, shape.threads, stream);
 }
 
 // Launches kernel(p, blocks_per_row), a two-pass kernel. A row without a causal limit is split over the blocks of

@@ -48,16 +48,16 @@ __device__ __forceinline__ void bring_pair(uint64_t* barrier, void* first_stage,
   if (second_bytes > 0) bulk_copy_to_shared(second_stage, second, second_bytes, barrier);
 }
 
-// Calls body(visit, stage) for the rows of a persistent grid (blockIdx.x, + gridDim.x, ... before `rows`), each in
-// `stage`, `stage_bytes` of the block's dynamic shared memory, once bring(visit, stage, barrier) has landed there:
-// one thread runs it, kStagedRows rows ahead, and it issues the bulk copies of row `visit` (bring_pair). A row
-// after the next is sent for once every thread is done with the stage: after body, at a barrier.
+// Calls body(visit, stage) for the rows a block of a persistent grid takes (first, first + step, ... before `rows`),
+// each in `stage`, `stage_bytes` of the block's dynamic shared memory, once bring(visit, stage, barrier) has landed
+// there: one thread runs it, kStagedRows rows ahead, and it issues the bulk copies of row `visit` (bring_pair). A
+// row after the next is sent for once every thread is done with the stage: after body, at a barrier.
 template <typename Bring, typename Body>
-__device__ __forceinline__ void for_each_staged_row(int64_t rows, int64_t stage_bytes, Bring&& bring, Body&& body) {
+__device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step, int64_t rows, int64_t stage_bytes,
+                                                    Bring&& bring, Body&& body) {
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ uint64_t landed[kStagedRows];
   const bool leader = threadIdx.x == 0;
-  const int64_t step = gridDim.x;
   const auto bring_into = [&](int64_t visit, int stage) {
     if (leader && visit < rows) bring(visit, stages + stage * stage_bytes, &landed[stage]);
   };
@@ -66,9 +66,9 @@ __device__ __forceinline__ void for_each_staged_row(int64_t rows, int64_t stage_
     barrier_init_fence();
   }
   __syncthreads();
-  for (int stage = 0; stage < kStagedRows; ++stage) bring_into(blockIdx.x + stage * step, stage);
+  for (int stage = 0; stage < kStagedRows; ++stage) bring_into(first + stage * step, stage);
   int k = 0;
-  for (int64_t visit = blockIdx.x; visit < rows; visit += step, ++k) {
+  for (int64_t visit = first; visit < rows; visit += step, ++k) {
     const int stage = k % kStagedRows;
     barrier_wait(&landed[stage], (k / kStagedRows) & 1);
     body(visit, stages + stage * stage_bytes);
