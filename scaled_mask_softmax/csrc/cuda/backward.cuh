@@ -193,7 +193,9 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
 }
 
 // Rows that a block holds in registers, as backward_in_registers, brought into shared memory first as in
-// forward_staged: each row's visible vectors of y and dy, in two bulk copies, a row ahead.
+// forward_staged (each row's visible vectors of y and dy, in two bulk copies) but in one stage, into which the next
+// row is sent for once the row is in registers (for_each_staged_row): two stages of y and dy left 16-bit rows
+// of 16,384 columns one block a multiprocessor, where the register kernel fits two.
 template <typename scalar_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, backward_min_blocks<scalar_t, VEC, ITERS>)
     backward_staged(const BackwardParams p) {
@@ -203,24 +205,26 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, ba
   static_assert(VEC * sizeof(scalar_t) == 16, "bulk copies move whole 16-byte vectors");
   __shared__ acc_t shared[kWarp];
   const int64_t dy_offset = second_operand_offset(p.cols, sizeof(scalar_t));
-  const auto bring = [&](int64_t row, unsigned char* stage, uint64_t* barrier) {
+  const auto locate = [&](int64_t row) {
     int64_t y_start, dy_start;
     row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     const uint32_t bytes = copy_bytes(kCausal ? round_up(visible_end(p, row), VEC) : p.cols, sizeof(scalar_t));
-    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.y) + y_start, bytes, stage + dy_offset,
-               static_cast<const scalar_t*>(p.dy) + dy_start, bytes);
+    return StagedCopy{static_cast<const scalar_t*>(p.y) + y_start, static_cast<const scalar_t*>(p.dy) + dy_start,
+                      bytes, bytes};
   };
   const RowCover cover(blockDim.x);
-  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
-    return row_reduce(value, op, identity, blockDim.x, shared);
-  };
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t));
-  for_each_staged_row(blockIdx.x, gridDim.x, p.rows, stage_bytes, bring, [&](int64_t row, unsigned char* stage) {
+  for_each_staged_row<1>(blockIdx.x, gridDim.x, p.rows, stage_bytes, dy_offset, locate,
+                         [&](int64_t row, unsigned char* stage, const auto& send_ahead) {
     Row g(p, row);
     g.y = reinterpret_cast<const scalar_t*>(stage);
     g.dy = reinterpret_cast<const scalar_t*>(stage + dy_offset);
     g.pin_addresses();
-    gradient_in_registers<VEC, ITERS>(g, cover, reduce);
+    gradient_in_registers<VEC, ITERS>(g, cover, [&](acc_t value, auto op, acc_t identity) {
+      const acc_t result = row_reduce(value, op, identity, blockDim.x, shared);
+      send_ahead();
+      return result;
+    });
   });
 #endif
 }

@@ -61,7 +61,7 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
     const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
     return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
                          forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
-                         stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
+                         kStagedRows * stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
                          long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
   }
 }

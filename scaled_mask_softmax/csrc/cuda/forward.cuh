@@ -299,21 +299,22 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ uint64_t shared[kWarp];
   const int64_t mask_offset = second_operand_offset(p.cols, sizeof(scalar_t));
-  const auto bring = [&](int64_t visit, unsigned char* stage, uint64_t* barrier) {
+  const auto locate = [&](int64_t visit) {
     const int64_t row = p.order.row(visit);
     int64_t x_start, mask_start;
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     const int64_t visible = round_up(visible_end(p, row), VEC);
-    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.x) + x_start, copy_bytes(visible, sizeof(scalar_t)),
-               stage + mask_offset, static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
-               copy_bytes(visible, kMaskSize));
+    return StagedCopy{static_cast<const scalar_t*>(p.x) + x_start,
+                      static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
+                      copy_bytes(visible, sizeof(scalar_t)), copy_bytes(visible, kMaskSize)};
   };
   const RowCover cover(blockDim.x);
   const auto reduce = [&](auto value, auto op, auto identity) {
     return row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
   };
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize);
-  for_each_staged_row(blockIdx.x, gridDim.x, p.rows, stage_bytes, bring, [&](int64_t visit, unsigned char* stage) {
+  for_each_staged_row<kStagedRows>(blockIdx.x, gridDim.x, p.rows, stage_bytes, mask_offset, locate,
+                                   [&](int64_t visit, unsigned char* stage, const auto&) {
     const int64_t row = p.order.row(visit);
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.x = reinterpret_cast<const scalar_t*>(stage);
@@ -372,12 +373,12 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   // Every block's stages are laid out for the widest slice.
   const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
   const int64_t mask_offset = second_operand_offset(widest, sizeof(scalar_t));
-  const auto bring = [&](int64_t visit, unsigned char* stage, uint64_t* barrier) {
+  const auto locate = [&](int64_t visit) {
     int64_t x_start, mask_start;
     row_starts(p.shape, p.order.row(visit), p.x_strides, p.mask_strides, x_start, mask_start);
-    bring_pair(barrier, stage, static_cast<const scalar_t*>(p.x) + x_start + begin, copy_bytes(width, sizeof(scalar_t)),
-               stage + mask_offset, static_cast<const unsigned char*>(p.mask) + (mask_start + begin) * kMaskSize,
-               copy_bytes(width, kMaskSize));
+    return StagedCopy{static_cast<const scalar_t*>(p.x) + x_start + begin,
+                      static_cast<const unsigned char*>(p.mask) + (mask_start + begin) * kMaskSize,
+                      copy_bytes(width, sizeof(scalar_t)), copy_bytes(width, kMaskSize)};
   };
   const RowCover cover(blockDim.x);
   int round = 0;
@@ -386,8 +387,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   };
   exchange.start();
   const int64_t stage_bytes = stage_bytes_for(widest, sizeof(scalar_t), kMaskSize);
-  for_each_staged_row(slice.first_row(), slice.row_step(), p.rows, stage_bytes, bring,
-                      [&](int64_t visit, unsigned char* stage) {
+  for_each_staged_row<kStagedRows>(slice.first_row(), slice.row_step(), p.rows, stage_bytes, mask_offset, locate,
+                                   [&](int64_t visit, unsigned char* stage, const auto&) {
     const int64_t row = p.order.row(visit);
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row);
     loader.start_at(begin);

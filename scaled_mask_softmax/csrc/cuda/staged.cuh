@@ -13,7 +13,7 @@
 
 namespace sms {
 
-// Rows a block of a staged kernel keeps on their way at once: the one it works on and the next.
+// Rows a block of the staged forward kernels keeps on their way at once: the one it works on and the next.
 constexpr int kStagedRows = 2;
 
 // Where the register kernel fits at most this many blocks a multiprocessor, and so has at most that many rows on
@@ -37,63 +37,82 @@ SMS_HOST_DEVICE int64_t stage_bytes_for(int64_t cols, int first_size, int second
   return second_operand_offset(cols, first_size) + round_up(cols * second_size, 128);
 }
 
+// Where a row's two operands come from (either may have 0 bytes), as one thread sends for them.
+struct StagedCopy {
+  const void* first;
+  const void* second;
+  uint32_t first_bytes;
+  uint32_t second_bytes;
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-// Run by one thread: the bulk copies of a row's two operands (either may have 0 bytes), counted on `barrier`.
-__device__ __forceinline__ void bring_pair(uint64_t* barrier, void* first_stage, const void* first,
-                                           uint32_t first_bytes, void* second_stage, const void* second,
-                                           uint32_t second_bytes) {
-  barrier_arrive_expecting(barrier, first_bytes + second_bytes);
-  if (first_bytes > 0) bulk_copy_to_shared(first_stage, first, first_bytes, barrier);
-  if (second_bytes > 0) bulk_copy_to_shared(second_stage, second, second_bytes, barrier);
+// Run by one thread: the bulk copies of `copy` into `stage` (its second operand from `second_offset`), counted on
+// `barrier`.
+__device__ __forceinline__ void send_for(const StagedCopy& copy, unsigned char* stage, int64_t second_offset,
+                                         uint64_t* barrier) {
+  barrier_arrive_expecting(barrier, copy.first_bytes + copy.second_bytes);
+  if (copy.first_bytes > 0) bulk_copy_to_shared(stage, copy.first, copy.first_bytes, barrier);
+  if (copy.second_bytes > 0) bulk_copy_to_shared(stage + second_offset, copy.second, copy.second_bytes, barrier);
 }
 
-// Calls body(visit, stage) for the rows a block of a persistent grid takes (first, first + step, ... before `rows`),
-// each in `stage`, `stage_bytes` of the block's dynamic shared memory, once bring(visit, stage, barrier) has landed
-// there: one thread runs it, kStagedRows rows ahead, and it issues the bulk copies of row `visit` (bring_pair). A
-// row after the next is sent for once every thread is done with the stage: after body, at a barrier.
-template <typename Bring, typename Body>
+// Calls body(visit, stage, send_ahead) for the rows a block of a persistent grid takes (first, first + step, ...
+// before `rows`), each in `stage`, `stage_bytes` of the block's dynamic shared memory, once the copies that
+// locate(visit) gives (a StagedCopy) have landed there: one thread sends for them, kStages rows ahead, into the
+// stage a row leaves once every thread is done with it. With kStages > 1 that is after body, at a barrier; with one
+// stage, body calls send_ahead() as soon as every thread has read the stage into registers (after a row's first
+// reduction), and with more it does nothing. The row to send for is located before body, by the thread that sends,
+// and waits in shared memory: located after body, or held in registers across it, it spilled 8-132 bytes (ptxas,
+// sm_90, at 64 registers).
+template <int kStages, typename Locate, typename Body>
 __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step, int64_t rows, int64_t stage_bytes,
-                                                    Bring&& bring, Body&& body) {
+                                                    int64_t second_offset, Locate&& locate, Body&& body) {
   extern __shared__ __align__(128) unsigned char stages[];
-  __shared__ uint64_t landed[kStagedRows];
+  __shared__ uint64_t landed[kStages];
+  __shared__ StagedCopy ahead;
   const bool leader = threadIdx.x == 0;
-  const auto bring_into = [&](int64_t visit, int stage) {
-    if (leader && visit < rows) bring(visit, stages + stage * stage_bytes, &landed[stage]);
-  };
   if (leader) {
-    for (int stage = 0; stage < kStagedRows; ++stage) barrier_init(&landed[stage], 1);
+    for (int stage = 0; stage < kStages; ++stage) barrier_init(&landed[stage], 1);
     barrier_init_fence();
   }
   __syncthreads();
-  for (int stage = 0; stage < kStagedRows; ++stage) bring_into(first + stage * step, stage);
+  for (int stage = 0; stage < kStages; ++stage) {
+    const int64_t visit = first + stage * step;
+    if (leader && visit < rows) send_for(locate(visit), stages + stage * stage_bytes, second_offset, &landed[stage]);
+  }
   int k = 0;
   for (int64_t visit = first; visit < rows; visit += step, ++k) {
-    const int stage = k % kStagedRows;
-    barrier_wait(&landed[stage], (k / kStagedRows) & 1);
-    body(visit, stages + stage * stage_bytes);
-    // Sent for here rather than once the row is in registers, where the copy's arithmetic spilled (ptxas, sm_90,
-    // at 64 registers).
-    __syncthreads();
-    bring_into(visit + kStagedRows * step, stage);
+    const int stage = k % kStages;
+    const bool more = visit + kStages * step < rows;
+    if (leader && more) ahead = locate(visit + kStages * step);
+    barrier_wait(&landed[stage], (k / kStages) & 1);
+    const auto send_ahead = [&] {
+      if (leader && more) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+    };
+    if constexpr (kStages == 1) {
+      body(visit, stages, send_ahead);
+    } else {
+      body(visit, stages + stage * stage_bytes, [] {});
+      __syncthreads();
+      send_ahead();
+    }
   }
 }
 
 #endif
 
-// Launches kernel(p), a staged kernel of `threads` threads a block and `stage_bytes` of shared memory a row, in a
+// Launches kernel(p), a staged kernel of `threads` threads a block and `bytes` of shared memory for its stages, in a
 // persistent grid, where register_kernel, the kernel that would take the rows otherwise, fits at most
 // `max_register_blocks` blocks a multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory
 // leaves a multiprocessor as many blocks as register_kernel's registers do; false otherwise.
 template <typename Params, typename... Args>
 bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
-                   int64_t stage_bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
+                   int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
   int register_blocks = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, register_kernel, threads, 0));
   if (register_blocks > max_register_blocks) return false;
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const int64_t bytes = kStagedRows * stage_bytes;
   if (attributes.binaryVersion < 90 || bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
     return false;
   }
