@@ -78,6 +78,15 @@ def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, 5, cols), dtype, "cuda").requires_grad_(), mask_form, 0.7)
 
 
+def test_one_staged_kernel_given_less_shared_memory_between_launches():
+    """A staged kernel launched on rows of 16,384 bf16 columns, then of 15,360 (fewer threads, smaller stages), then
+    of 16,384 again: what the launcher keeps from the first launch still allows the third."""
+    for cols in (16384, 15360, 16384):
+        for mask_form in ("none", "causal"):
+            x = random_scores((2, 3, 5, cols), torch.bfloat16, "cuda").requires_grad_()
+            assert_matches_reference_with(x, mask_form, 0.7)
+
+
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
 # 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. Where the stages of x

@@ -2,11 +2,15 @@
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/util/FunctionRef.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "../params.h"
@@ -172,26 +176,58 @@ inline unsigned blocks_for(int64_t rows, const RowPlan& plan) {
       std::min(ceil_div(rows, rows_per_block), int64_t{std::numeric_limits<int>::max()} / rows_per_block));
 }
 
+// The answer of ask() about launching `kernel` on the current device in blocks of `threads` threads, in clusters of
+// `cluster_blocks`, with `shared_bytes` of dynamic shared memory. Such answers (what the device runs of the kernel,
+// how many blocks or clusters it holds at once) depend on nothing else, and asking the runtime for them takes
+// microseconds of host time, so each is asked once and kept.
+inline int remembered(const void* kernel, int threads, int cluster_blocks, int64_t shared_bytes,
+                      c10::function_ref<int()> ask) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int, int64_t>, int> answers;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const auto shape = std::make_tuple(device, kernel, threads, cluster_blocks, shared_bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = answers.find(shape);
+  if (found != answers.end()) return found->second;
+  const int answer = ask();
+  answers.emplace(shape, answer);
+  return answer;
+}
+
+// Whether the current device runs `kernel` from sm_90 code (the clusters and bulk copies of the kernels that
+// launch_clusters and launch_staged launch need it) with `shared_bytes` of dynamic shared memory. The kernel may
+// then take all the shared memory a block may have, so that any launch of it with less than that is allowed.
+template <typename Kernel>
+bool runs_sm90_with(Kernel kernel, int64_t shared_bytes) {
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const int64_t most = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - attributes.sharedSizeBytes;
+  if (attributes.binaryVersion < 90 || shared_bytes > most) return false;
+  if (shared_bytes > 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+  }
+  return true;
+}
+
+// Blocks of `kernel` (of `threads` threads and `shared_bytes` of dynamic shared memory) that a multiprocessor of the
+// current device holds at once; 0 where the device runs no sm_90 code of it or cannot give it that shared memory.
+template <typename Kernel>
+int resident_sm90_blocks(Kernel kernel, int threads, int64_t shared_bytes) {
+  return remembered(reinterpret_cast<const void*>(kernel), threads, 1, shared_bytes, [&] {
+    if (!runs_sm90_with(kernel, shared_bytes)) return 0;
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+    return blocks;
+  });
+}
+
 // Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to a row;
 // false where the kernel has no sm_90 code or the device holds no such cluster. `shared_bytes`: the dynamic shared
 // memory of a staged kernel's blocks (staged.cuh), which loop over rows in a grid the device holds at once.
 template <typename Params>
 bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_per_row, int threads,
                      cudaStream_t stream, int64_t shared_bytes = 0) {
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  if (attributes.binaryVersion < 90) return false;
-  if (blocks_per_row > 8 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (shared_bytes > 0) {
-    if (shared_bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
-    C10_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-  }
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = blocks_per_row;
@@ -204,8 +240,19 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  int resident_clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident_clusters, kernel, &config));
+  const int resident_clusters =
+      remembered(reinterpret_cast<const void*>(kernel), threads, blocks_per_row, shared_bytes, [&] {
+        if (!runs_sm90_with(kernel, shared_bytes)) return 0;
+        if (blocks_per_row > 8 &&
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+          // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
+          (void)cudaGetLastError();
+          return 0;
+        }
+        int clusters = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+        return clusters;
+      });
   if (resident_clusters == 0) return false;
   if (shared_bytes > 0) {
     config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(p.rows, resident_clusters) * blocks_per_row));

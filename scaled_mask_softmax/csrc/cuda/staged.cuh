@@ -108,18 +108,10 @@ __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step,
 template <typename Params, typename... Args>
 bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
                    int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
-  int register_blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, register_kernel, threads, 0));
+  const int register_blocks = resident_sm90_blocks(register_kernel, threads, 0);
   if (register_blocks > max_register_blocks) return false;
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  if (attributes.binaryVersion < 90 || bytes > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
-    return false;
-  }
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  int staged_blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged_blocks, kernel, threads, bytes));
-  if (staged_blocks < register_blocks) return false;
+  const int staged_blocks = resident_sm90_blocks(kernel, threads, bytes);
+  if (staged_blocks == 0 || staged_blocks < register_blocks) return false;
   const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
   kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), threads, bytes, stream>>>(p);
   return true;
