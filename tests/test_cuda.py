@@ -67,8 +67,8 @@ def assert_matches_reference_with(x, mask_form, scale):
 
 # Rows that forward_staged brings into shared memory (on sm_90), those the register kernel would hold in at most
 # two blocks a multiprocessor: 16-bit rows of 16,384 columns, fp32 of 8192 and 16,384, fp64 of 4096; causal rows of
-# at least 8 KiB (bf16 of 4096 columns, fp32 of 2048); and in the backward (backward_staged, one stage), the same
-# lengths without the causal ones of 2048-4096. 16,376 columns: a bool mask row is not whole 16-byte words there, and
+# at least 8 KiB (bf16 of 4096 columns, fp32 of 2048); and in the backward (backward_staged, one stage), the causal
+# ones of the first five lengths. 16,376 columns: a bool mask row is not whole 16-byte words there, and
 # the register kernel takes it.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 16384), (torch.float16, 16384), (torch.bfloat16, 16376),
                                          (torch.float32, 8192), (torch.float32, 16384), (torch.float64, 4096),

@@ -11,12 +11,13 @@
 namespace sms {
 namespace {
 
-// Causal rows of at least this many columns take the two-pass kernel even where they fit registers, unless
-// forward_staged takes them (launch_in_registers): the two-pass kernel reads and exponentiates a row's visible keys
-// in a loop, where the register kernel's block pays a whole row's chain of loads, reductions and stores however few
-// keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns, where the two-pass kernel measured 1.16
-// of the floor against 1.44; 16-bit rows of 8192 columns measured slower in two passes (bf16 1.57 against 1.37),
-// and rows of 4096 or fewer much slower in any dtype (v17).
+// Causal rows of at least this many columns take the two-pass kernel even where they fit registers: it reads and
+// exponentiates a row's visible keys in a loop, where the register kernel's block pays a whole row's chain of
+// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192
+// columns, where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured
+// slower in two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Staged
+// through shared memory (forward_staged), these rows measured slower still: bf16 of 16,384 columns 1.166 -> 1.326,
+// fp32 of 8192 1.186 -> 1.345 (v23).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
@@ -34,9 +35,9 @@ constexpr int kOneReductionThreads = 256;
 
 // Causal rows of at least this many bytes take forward_staged however many blocks of forward_in_registers fit a
 // multiprocessor: a causal row's block pays its chain of loads and reductions whatever its visible length, and its
-// one or two bulk copies bring only the visible part. bf16 rows of 4096 columns (eight blocks) measured 1.317 ->
-// 1.282 of the floor where rows without a causal limit measured slower; causal rows of 1024 columns, in blocks of
-// one or two warps, 1.138-1.236 -> 1.275-1.426 (benchmarks/NOTES.md, v22).
+// one or two bulk copies bring only the visible part. bf16 rows of 4096 columns (eight blocks) measured 1.308 ->
+// 1.281 of the floor and of 8192 1.530 -> 1.454, where rows without a causal limit measured slower; causal rows of
+// 1024 columns, in blocks of one or two warps, 1.138-1.236 -> 1.275-1.426 (benchmarks/NOTES.md, v22 and v23).
 constexpr int64_t kStagedCausalRowBytes = 8192;
 
 // Whether every row of the mask starts 16-byte aligned and spans whole 16-byte words, as bulk copies need.
@@ -87,24 +88,20 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 }
 
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise, except causal rows from kCausalTwoPassColumns on, which only
-// forward_staged takes here. False where neither does.
+// them, by forward_in_registers otherwise.
 template <typename scalar_t, typename mask_t, int VEC>
-bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+void launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
-  bool launched = false;
   with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        launched = launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream);
-        if (launched || (causal() && p.cols >= kCausalTwoPassColumns<scalar_t>)) return;
+        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) return;
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
-        launched = true;
       };
       // Only the kernels a row can reach are instantiated: below kTargetIters vectors a thread, rows are shared by
       // groups of lanes, which reduce twice (as fp64 scores always do); above it, by blocks that reduce once.
@@ -117,14 +114,16 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream
       }
     });
   });
-  return launched;
 }
 
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  if (plan.in_registers && !(p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) {
+    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
+    return;
+  }
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
