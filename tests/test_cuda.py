@@ -89,8 +89,8 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
-# 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. Where the stages of x
-# and an fp32 bias are too large (bf16 at 262,144, fp32 at 65,536), the cluster register kernel takes the rows; with a
+# 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in
+# as many more as two stages of a slice need: bf16 at 65,536 in 4, at 262,144 in 16, fp32 at 65,536 in 8. With a
 # bool mask, rows split over 8 blocks take two passes.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
                                          (torch.float32, 65536), (torch.float32, 100000)])
