@@ -69,7 +69,7 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
 
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
 // half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
-// to kMaxClusterBlocks, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
+// to eight, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
 // whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages, but not a bool
 // mask's rows over eight blocks; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128
 // registers).
@@ -84,7 +84,10 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
       return kStagedRows * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
     };
     int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
-    while (blocks_per_row < kMaxClusterBlocks &&
+    // Doubled to 16 blocks (bf16 of 262,144 columns with an fp32 bias), rows measured slower staged: 1.333 -> 1.385
+    // of the floor, where fp32 of 65,536 over 8 went 1.131 -> 1.019 (benchmarks/NOTES.md, v24).
+    constexpr int kMostBlocksToFitStages = 8;
+    while (blocks_per_row < kMostBlocksToFitStages &&
            shared_bytes(blocks_per_row) > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
       blocks_per_row *= 2;
     }
