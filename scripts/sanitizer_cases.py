@@ -59,6 +59,11 @@ def main() -> int:
         for cols in (20000, 262144):
             x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
             failures += failed(x, None, "none", True, "upper_left")
+    # More rows than the staged kernels' persistent grid holds at once (fp32 rows of 16,384 columns: on an H200 one
+    # block a multiprocessor in the forward), so that each block goes round its stages.
+    x = torch.randn(400, 16384, device="cuda").requires_grad_()
+    for is_causal in (False, True):
+        failures += failed(x, None, "none", is_causal, "lower_right")
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")
     return 1 if failures else 0

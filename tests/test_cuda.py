@@ -78,6 +78,15 @@ def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, 5, cols), dtype, "cuda").requires_grad_(), mask_form, 0.7)
 
 
+# Many more rows than forward_staged's persistent grid holds at once, so that each block goes round its stages
+# several times (the staged tests above give each block one row): on an H200, bf16 rows of 16,384 columns in two
+# blocks a multiprocessor, causal rows of 4096 columns in eight.
+@pytest.mark.parametrize("shape, mask_form", [((2, 8, 160, 16384), "none"), ((2, 8, 160, 16384), "key_padding"),
+                                              ((2, 8, 512, 4096), "causal")])
+def test_staged_rows_many_to_a_block(shape, mask_form):
+    assert_matches_reference_with(random_scores(shape, torch.bfloat16, "cuda").requires_grad_(), mask_form, 0.7)
+
+
 def test_one_staged_kernel_given_less_shared_memory_between_launches():
     """A staged kernel launched on rows of 16,384 bf16 columns, then of 15,360 (fewer threads, smaller stages), then
     of 16,384 again: what the launcher keeps from the first launch still allows the third."""
