@@ -6,11 +6,11 @@ fit a multiprocessor, and causal rows of 8 KiB or more, brought into shared memo
 16384 in 16-bit types and fp32 but not causal, 2048 in fp64 and causal fp32; backward, causal rows of 16384 in
 16-bit types and of 8192 in fp32), a row split over the blocks of a cluster on sm_90 each holding its slice in
 registers (20000 and 65536 without a causal limit: the backward but in fp64 at 65536, the forward with an additive
-mask; in clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000, 16-bit at
-131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte words, but bool
-masks over 8 blocks), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster
-(the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that
-see few of their keys, whose output a memset zeroes first where they are long.
+mask that the staged kernel below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would
+take four: fp32 at 100000, 16-bit at 131080; in the forward, each slice brought into shared memory first where its
+mask is whole 16-byte words, but bool masks over 8 blocks), and the two-pass kernels, a block per row (causal rows)
+or split over the blocks of a cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for
+element-wise loads); causal rows that see few of their keys, whose output a memset zeroes first where they are long.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys
@@ -59,6 +59,11 @@ def main() -> int:
         for cols in (20000, 262144):
             x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
             failures += failed(x, None, "none", True, "upper_left")
+    # More rows than the staged kernels' persistent grid holds at once (fp32 rows of 16,384 columns: on an H200 one
+    # block a multiprocessor in the forward), so that each block goes round its stages.
+    x = torch.randn(400, 16384, device="cuda").requires_grad_()
+    for is_causal in (False, True):
+        failures += failed(x, None, "none", is_causal, "lower_right")
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")
     return 1 if failures else 0

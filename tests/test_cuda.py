@@ -78,6 +78,15 @@ def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, 5, cols), dtype, "cuda").requires_grad_(), mask_form, 0.7)
 
 
+# Many more rows than forward_staged's persistent grid holds at once, so that each block goes round its stages
+# several times (the staged tests above give each block one row): on an H200, bf16 rows of 16,384 columns in two
+# blocks a multiprocessor, causal rows of 4096 columns in eight.
+@pytest.mark.parametrize("shape, mask_form", [((2, 8, 160, 16384), "none"), ((2, 8, 160, 16384), "key_padding"),
+                                              ((2, 8, 512, 4096), "causal")])
+def test_staged_rows_many_to_a_block(shape, mask_form):
+    assert_matches_reference_with(random_scores(shape, torch.bfloat16, "cuda").requires_grad_(), mask_form, 0.7)
+
+
 def test_one_staged_kernel_given_less_shared_memory_between_launches():
     """A staged kernel launched on rows of 16,384 bf16 columns, then of 15,360 (fewer threads, smaller stages), then
     of 16,384 again: what the launcher keeps from the first launch still allows the third."""
@@ -89,9 +98,10 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
-# 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. Where the stages of x
-# and an fp32 bias are too large (bf16 at 262,144, fp32 at 65,536), the cluster register kernel takes the rows; with a
-# bool mask, rows split over 8 blocks take two passes.
+# 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in
+# as many more as two stages of a slice need, up to 8: bf16 at 65,536 in 4, fp32 at 65,536 in 8; bf16 at 262,144
+# would need 16, and the cluster register kernel takes those rows. With a bool mask, rows split over 8 blocks take
+# two passes.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
                                          (torch.float32, 65536), (torch.float32, 100000)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])

@@ -45,6 +45,19 @@ struct GradientRow {
     pin_addresses();
   }
 
+  // A row whose y and dy lie at `y_row` and `dy_row` (in shared memory, where backward_staged brings them). Not
+  // delegated to by the constructor above: with its addresses pinned before row_starts, backward_in_cluster's
+  // 16-bit kernels spilled 12 bytes (ptxas, sm_90).
+  __device__ GradientRow(const BackwardParams& p, int64_t row, const scalar_t* y_row, const scalar_t* dy_row)
+      : y(y_row),
+        dy(dy_row),
+        dx(static_cast<scalar_t*>(p.dx) + row * p.cols),
+        end(static_cast<Index>(p.cols)),
+        visible_end(static_cast<Index>(kCausal ? sms::visible_end(p, row) : p.cols)),
+        scale(static_cast<acc_t>(p.scale)) {
+    pin_addresses();
+  }
+
   // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
   __device__ __forceinline__ void start_at(Index begin) {
     y += begin;
@@ -216,10 +229,7 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, ba
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t));
   for_each_staged_row<1>(blockIdx.x, gridDim.x, p.rows, stage_bytes, dy_offset, locate,
                          [&](int64_t row, unsigned char* stage, const auto& send_ahead) {
-    Row g(p, row);
-    g.y = reinterpret_cast<const scalar_t*>(stage);
-    g.dy = reinterpret_cast<const scalar_t*>(stage + dy_offset);
-    g.pin_addresses();
+    const Row g(p, row, reinterpret_cast<const scalar_t*>(stage), reinterpret_cast<const scalar_t*>(stage + dy_offset));
     gradient_in_registers<VEC, ITERS>(g, cover, [&](acc_t value, auto op, acc_t identity) {
       const acc_t result = row_reduce(value, op, identity, blockDim.x, shared);
       send_ahead();

@@ -68,10 +68,11 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
 }
 
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
-// half as many blocks where those would hold kTargetIters vectors a thread (at least two), where every slice of a
-// mask row is whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages, but
-// not a bool mask's rows over eight blocks; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8
-// bytes at 128 registers).
+// half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
+// to eight, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
+// whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages, but not a bool
+// mask's rows over eight blocks; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128
+// registers).
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
@@ -79,7 +80,17 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
   } else {
     const ClusterShape shape = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
     if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
-    const int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
+    const auto shared_bytes = [&](int blocks) {
+      return kStagedRows * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
+    };
+    int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
+    // Doubled to 16 blocks (bf16 of 262,144 columns with an fp32 bias), rows measured slower staged: 1.333 -> 1.385
+    // of the floor, where fp32 of 65,536 over 8 went 1.131 -> 1.019 (benchmarks/NOTES.md, v24).
+    constexpr int kMostBlocksToFitStages = 8;
+    while (blocks_per_row < kMostBlocksToFitStages &&
+           shared_bytes(blocks_per_row) > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+      blocks_per_row *= 2;
+    }
     // With a bool mask, rows split over eight blocks measured slower staged: bf16 of 262,144 columns 1.379 -> 1.421
     // of the floor, where over two (65,536 columns) 1.250 -> 1.206 (benchmarks/NOTES.md, v23).
     if (std::is_same_v<mask_t, bool> && blocks_per_row >= 8) return false;
@@ -87,7 +98,7 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
     if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
     const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
     return launch_clusters(forward_staged_in_cluster<scalar_t, mask_t, VEC>, p, blocks_per_row, threads, stream,
-                           kStagedRows * stage_bytes_for(widest, sizeof(scalar_t), mask_bytes_v<mask_t>));
+                           shared_bytes(blocks_per_row));
   }
 }
 

@@ -229,6 +229,13 @@ struct ScoreLoader {
     visible_end = static_cast<Index>(sms::visible_end(p, row));
   }
 
+  // A row whose x and mask lie at `x_row` and `mask_row` (in shared memory, where the staged kernels bring them),
+  // its columns before `visible` visible. Not delegated to by the constructor above, as GradientRow's is not.
+  __device__ ScoreLoader(const ForwardParams& p, const scalar_t* x_row, const mask_t* mask_row, Index visible)
+      : x(x_row), mask(mask_row), scale(static_cast<acc_t>(p.scale)), visible_end(visible) {
+    pin_addresses();
+  }
+
   // The row's addresses formed once (row_address) where columns are 32-bit.
   __device__ __forceinline__ void pin_addresses() {
     if constexpr (std::is_same_v<Index, int>) {
