@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
 ncu --clock-control none --kernel-name-base demangled \
-    --kernel-name regex:'(forward|backward)_(in_registers|in_cluster|two_pass)' \
+    --kernel-name regex:'(forward|backward)_(in_registers|in_cluster|two_pass|staged)' \
     --launch-skip "${SKIP:-3}" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section InstructionStats ${NCU_ARGS:-} \
