@@ -200,8 +200,11 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
   const auto reduce = [&](acc_t value, auto op, acc_t identity) {
     return row_reduce(value, op, identity, width, shared);
   };
-  for (int64_t row = cover.first_row(); row < p.rows; row += cover.row_step()) {
-    gradient_in_registers<VEC, ITERS>(Row(p, row), cover, reduce);
+  for (int64_t row = cover.first_row(); warp_has_row(row < p.rows); row += cover.row_step()) {
+    const bool stored = row < p.rows;
+    Row g(p, stored ? row : p.rows - 1);
+    if (!stored) g.clip(0);
+    gradient_in_registers<VEC, ITERS>(g, cover, reduce);
   }
 }
 

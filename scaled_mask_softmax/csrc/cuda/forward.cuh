@@ -277,12 +277,17 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   const auto reduce = [&](auto value, auto op, auto identity) {
     return row_reduce(value, op, identity, width, reinterpret_cast<decltype(value)*>(shared));
   };
-  for (int64_t visit = cover.first_row(); visit < p.rows; visit += cover.row_step()) {
-    const int64_t row = p.order.row(visit);
+  // Rows that reduce once are blocks' (launch_in_registers), never a group's: only the others go round warp by warp,
+  // which cost the causal bf16 kernel with a bf16 mask that reduces once 16 bytes of spills (ptxas, sm_90).
+  constexpr bool kGroups = !kOneReduction;
+  for (int64_t visit = cover.first_row(); kGroups ? warp_has_row(visit < p.rows) : visit < p.rows;
+       visit += cover.row_step()) {
+    const bool stored = !kGroups || visit < p.rows;
+    const int64_t row = p.order.row(stored ? visit : p.rows - 1);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row), cover, reduce,
-        static_cast<scalar_t*>(p.y) + row * p.cols, static_cast<int>(p.cols));
+        static_cast<scalar_t*>(p.y) + row * p.cols, stored ? static_cast<int>(p.cols) : 0);
   }
 }
 

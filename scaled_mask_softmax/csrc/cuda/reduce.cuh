@@ -25,12 +25,6 @@ struct SumOp {
   }
 };
 
-// The lanes of this thread's group of `width` (a power of two below 32) within its warp.
-__device__ __forceinline__ unsigned group_lanes(int width) {
-  const int first = threadIdx.x % 32 & -width;
-  return ((1u << width) - 1u) << first;
-}
-
 // Every lane of a whole warp gets the reduction of `value` over the warp.
 template <typename T, typename Op>
 __device__ __forceinline__ T warp_reduce(T value, Op op) {
@@ -122,15 +116,18 @@ struct ClusterExchange {
   }
 };
 
-// Every thread of the row's group gets the reduction of `value`. Groups wider than a warp are whole blocks,
-// which go through `shared` (32 slots) and must all call this together. Warps and blocks shuffle over every lane
-// of a warp, unrolled; with a group's lanes as the mask (a value known only at run time), each step of the loop
-// took a convergence check (MATCH, REDUX, VOTE), about 40 instructions a warp a reduction more (SASS, sm_90).
+// Every thread of the row's group gets the reduction of `value`. Every lane of a warp calls this together, groups
+// of fewer than 32 lanes too (their kernels take rows warp by warp, warp_has_row); groups wider than a warp
+// are whole blocks, which go through `shared` (32 slots) and must all call this together. The shuffles take every
+// lane of the warp, unrolled: with a group's lanes as the mask (a value known only at run time), each step took a
+// convergence check (MATCH, REDUX, VOTE) besides, about 40 instructions a warp a reduction more (SASS, sm_90).
 template <typename T, typename Op>
 __device__ __forceinline__ T row_reduce(T value, Op op, T identity, int width, T* shared) {
   if (width < 32) {
-    const unsigned lanes = group_lanes(width);
-    for (int offset = width / 2; offset > 0; offset /= 2) value = op(value, __shfl_xor_sync(lanes, value, offset, 32));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      if (offset < width) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset, 32));
+    }
     return value;
   }
   value = warp_reduce(value, op);
