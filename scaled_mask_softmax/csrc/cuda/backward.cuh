@@ -47,7 +47,7 @@ struct GradientRow {
 
   // A row whose y and dy lie at `y_row` and `dy_row` (in shared memory, where backward_staged brings them). Not
   // delegated to by the constructor above: with its addresses pinned before row_starts, backward_in_cluster's
-  // 16-bit kernels spilled 12 bytes (ptxas, sm_90).
+  // 16-bit kernels spilled 12 bytes (ptxas, sm_90). y and dy are not pinned, as in ScoreLoader's.
   __device__ GradientRow(const BackwardParams& p, int64_t row, const scalar_t* y_row, const scalar_t* dy_row)
       : y(y_row),
         dy(dy_row),
@@ -55,7 +55,7 @@ struct GradientRow {
         end(static_cast<Index>(p.cols)),
         visible_end(static_cast<Index>(kCausal ? sms::visible_end(p, row) : p.cols)),
         scale(static_cast<acc_t>(p.scale)) {
-    pin_addresses();
+    if constexpr (std::is_same_v<Index, int>) dx = row_address(dx);
   }
 
   // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.

@@ -230,11 +230,10 @@ struct ScoreLoader {
   }
 
   // A row whose x and mask lie at `x_row` and `mask_row` (in shared memory, where the staged kernels bring them),
-  // its columns before `visible` visible. Not delegated to by the constructor above, as GradientRow's is not.
+  // its columns before `visible` visible. Not delegated to by the constructor above, as GradientRow's is not. Not
+  // pinned (row_address): its loads are then known to read shared memory (LDS), where pinned they were generic.
   __device__ ScoreLoader(const ForwardParams& p, const scalar_t* x_row, const mask_t* mask_row, Index visible)
-      : x(x_row), mask(mask_row), scale(static_cast<acc_t>(p.scale)), visible_end(visible) {
-    pin_addresses();
-  }
+      : x(x_row), mask(mask_row), scale(static_cast<acc_t>(p.scale)), visible_end(visible) {}
 
   // The row's addresses formed once (row_address) where columns are 32-bit.
   __device__ __forceinline__ void pin_addresses() {
