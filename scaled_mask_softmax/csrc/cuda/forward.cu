@@ -69,10 +69,9 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
 
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
 // half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
-// to eight, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
-// whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages, but not a bool
-// mask's rows over eight blocks; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128
-// registers).
+// to eight, until two stages of a slice fit a block's shared memory; where every slice of a mask row is whole
+// 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages; false otherwise, and for
+// fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers).
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
@@ -91,9 +90,6 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
            shared_bytes(blocks_per_row) > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
       blocks_per_row *= 2;
     }
-    // With a bool mask, rows split over eight blocks measured slower staged: bf16 of 262,144 columns 1.379 -> 1.421
-    // of the floor, where over two (65,536 columns) 1.250 -> 1.206 (benchmarks/NOTES.md, v23).
-    if (std::is_same_v<mask_t, bool> && blocks_per_row >= 8) return false;
     const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
     if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
     const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
