@@ -100,8 +100,7 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
 # 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in
 # as many more as two stages of a slice need, up to 8: bf16 at 65,536 in 4, fp32 at 65,536 in 8; bf16 at 262,144
-# would need 16, and the cluster register kernel takes those rows. With a bool mask, rows split over 8 blocks take
-# two passes.
+# would need 16, and the cluster register kernel takes those rows. A bool mask's rows as any other's.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
                                          (torch.float32, 65536), (torch.float32, 100000)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])
