@@ -8,9 +8,9 @@ fit a multiprocessor, and causal rows of 8 KiB or more, brought into shared memo
 registers (20000 and 65536 without a causal limit: the backward but in fp64 at 65536, the forward with an additive
 mask that the staged kernel below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would
 take four: fp32 at 100000, 16-bit at 131080; in the forward, each slice brought into shared memory first where its
-mask is whole 16-byte words, but bool masks over 8 blocks), and the two-pass kernels, a block per row (causal rows)
-or split over the blocks of a cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for
-element-wise loads); causal rows that see few of their keys, whose output a memset zeroes first where they are long.
+mask is whole 16-byte words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a
+cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal
+rows that see few of their keys, whose output a memset zeroes first where they are long.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys

@@ -86,8 +86,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
     // Doubled to 16 blocks (bf16 of 262,144 columns with an fp32 bias), rows measured slower staged: 1.333 -> 1.385
     // of the floor, where fp32 of 65,536 over 8 went 1.131 -> 1.019 (benchmarks/NOTES.md, v24).
     constexpr int kMostBlocksToFitStages = 8;
-    while (blocks_per_row < kMostBlocksToFitStages &&
-           shared_bytes(blocks_per_row) > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+    const int64_t most_shared_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    while (blocks_per_row < kMostBlocksToFitStages && shared_bytes(blocks_per_row) > most_shared_bytes) {
       blocks_per_row *= 2;
     }
     const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
