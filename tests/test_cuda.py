@@ -123,6 +123,19 @@ def test_more_long_rows_than_the_l2_holds():
     assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
 
 
+def test_rows_of_a_bias_taken_in_its_order():
+    """Rows that blocks hold in registers with a bias that repeats over the batch, where the bias and a batch's x and
+    y (16 + 32 MB) exceed a quarter of an H100's or H200's L2, which has them take rows in the bias's order."""
+    x = random_scores((4, 16, 512, 512), torch.float32, "cuda").requires_grad_()
+    bias = random_scores((16, 512, 512), torch.float32, "cuda", generator_seed=2)
+    y = sms.scaled_mask_softmax(x, bias, 0.3)
+    dy = random_scores(x.shape, torch.float32, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, bias, 0.3, False, "upper_left", dy)
+    assert_close_to(y, y_ref, torch.float32)
+    assert_close_to(x.grad, dx_ref, torch.float32, scale=4)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_two_pass_rows_on_either_side_of_the_folded_shift(dtype, with_mask):
