@@ -162,9 +162,12 @@ template <typename scalar_t, int VEC, int ITERS>
 constexpr int backward_max_threads = max_threads_for(ITERS * registers_for<scalar_t>(VEC, 2));
 
 // 16-bit rows of up to four vectors a thread (blocks of up to 512 threads) held to 64 registers, as in the
-// forward: two blocks a multiprocessor where the 71-78 registers they took left room for one.
+// forward: two blocks a multiprocessor where the 71-78 registers they took left room for one. fp32 rows of 16-byte
+// vectors likewise, up to kTargetIters a thread: the cluster kernel took 90 registers, one block of 512 threads a
+// multiprocessor (benchmarks/NOTES.md, v27); element by element, at 16 vectors, fp32 spilled 4 bytes at 64.
 template <typename scalar_t, int VEC, int ITERS>
-constexpr bool kBackwardIn64Registers = sizeof(scalar_t) == 2 && ITERS * VEC <= 32;
+constexpr bool kBackwardIn64Registers = (sizeof(scalar_t) == 2 && ITERS * VEC <= 32) ||
+                                        (sizeof(scalar_t) == 4 && VEC == 4 && ITERS <= kTargetIters);
 
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int backward_min_blocks =
