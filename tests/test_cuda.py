@@ -10,10 +10,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-# A row held in the registers of a cluster's blocks: bf16 at 65536 and 100000 in 4 and 8 blocks, at 131080 and
-# 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the last slice partly filled); fp32 at
-# 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. Otherwise two passes over slices (element-wise loads,
-# and rows beyond the registers of 16 blocks).
+# A row split over a cluster's blocks, staged through their shared memory on sm_90 (as test_long_rows_staged_in_clusters
+# below), held in their registers where the device holds no such staged cluster: bf16 at 65536 and 100000 in 4 and 8
+# blocks, at 131080 and 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the last slice partly
+# filled); fp32 at 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. Otherwise two passes over slices
+# (element-wise loads, and rows beyond the registers of 16 blocks).
 @pytest.mark.parametrize("cols", [65536, 100000, 131080, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
     x = random_scores((2, cols), dtype, "cuda").requires_grad_()
@@ -99,8 +100,8 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
 # 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in
-# as many more as two stages of a slice need, up to 8: bf16 at 65,536 in 4, fp32 at 65,536 in 8; bf16 at 262,144
-# would need 16, and the cluster register kernel takes those rows. A bool mask's rows as any other's.
+# as many more as two stages of a slice need, up to 16: bf16 at 65,536 in 4, fp32 at 65,536 in 8, bf16 at 262,144 in
+# 16. A bool mask's rows as any other's.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
                                          (torch.float32, 65536), (torch.float32, 100000)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])

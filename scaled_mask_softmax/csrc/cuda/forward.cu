@@ -67,11 +67,18 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
   }
 }
 
+// The most blocks forward_staged_in_cluster splits a row over. With an additive mask, as many as a cluster holds:
+// over 16 blocks of 256 threads, bf16 rows of 262,144 columns measured 1.26-1.28 -> 1.18-1.22 of the floor and fp32
+// of 131,072 1.08-1.31 -> 1.04-1.23, against the cluster register kernel. Without one, or with a bool mask, eight:
+// those rows measured 1.10-1.27 -> 1.16-1.34 over 16 blocks rather than 8 of 512 threads (benchmarks/NOTES.md, v27).
+template <typename mask_t>
+constexpr int kMostStagedBlocks = kClusterForwardsMask<mask_t> ? kMaxClusterBlocks : 8;
+
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
 // half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
-// to eight, until two stages of a slice fit a block's shared memory; where every slice of a mask row is whole
-// 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages; false otherwise, and for
-// fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers).
+// to kMostStagedBlocks, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
+// whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages; false otherwise,
+// and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers).
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
@@ -83,11 +90,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
       return kStagedRows * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
     };
     int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
-    // Doubled to 16 blocks (bf16 of 262,144 columns with an fp32 bias), rows measured slower staged: 1.333 -> 1.385
-    // of the floor, where fp32 of 65,536 over 8 went 1.131 -> 1.019 (benchmarks/NOTES.md, v24).
-    constexpr int kMostBlocksToFitStages = 8;
     const int64_t most_shared_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    while (blocks_per_row < kMostBlocksToFitStages && shared_bytes(blocks_per_row) > most_shared_bytes) {
+    while (blocks_per_row < kMostStagedBlocks<mask_t> && shared_bytes(blocks_per_row) > most_shared_bytes) {
       blocks_per_row *= 2;
     }
     const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
