@@ -109,6 +109,14 @@ def test_long_rows_staged_in_clusters(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, cols), dtype, "cuda").requires_grad_(), mask_form, 0.3)
 
 
+# fp64 rows with a bias held in the registers of a cluster's blocks (forward_in_cluster; the staged cluster kernel
+# takes no fp64): 32,768 columns in 8 blocks, 65,536 in 8 at eight vectors a thread. The same kernel takes the other
+# dtypes' rows with an additive mask where a device holds no staged cluster of them.
+@pytest.mark.parametrize("cols", [32768, 65536])
+def test_fp64_rows_in_the_registers_of_a_cluster(cols):
+    assert_matches_reference_with(random_scores((2, 3, cols), torch.float64, "cuda").requires_grad_(), "bias", 0.3)
+
+
 def test_more_long_rows_than_the_l2_holds():
     """More long rows than the two-pass kernels may take at once and still find in L2 what their first pass read,
     with a mask shared over the batch and larger than half of an H100's or H200's L2 (42 MB), which has them take
