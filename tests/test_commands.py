@@ -1,11 +1,16 @@
 """The check and bench commands on the CPU, and the byte floor, grid and row arithmetic behind bench."""
 import csv
+import importlib.util
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from scaled_mask_softmax import bench, check
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_check_passes_on_cpu():
@@ -133,3 +138,38 @@ def test_device_slug():
     assert bench.device_slug("NVIDIA H200 NVL") == "h200"
     assert bench.device_slug("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
     assert bench.device_slug("cpu (x86_64)") == "cpu"
+
+
+def load_summary():
+    spec = importlib.util.spec_from_file_location("summary", ROOT / "benchmarks" / "summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    return summary
+
+
+def test_readme_table_is_the_committed_run():
+    """The README's performance table is what benchmarks/summary.py makes of benchmarks/results/h200.json."""
+    summary = load_summary()
+    rows = json.loads((ROOT / "benchmarks" / "results" / "h200.json").read_text())
+    readme = (ROOT / "README.md").read_text().splitlines()
+    first = readme.index(summary.TABLE_HEADER.splitlines()[0])
+    last = next(i for i in range(first, len(readme)) if not readme[i].startswith("|"))
+    readme_table = "\n".join(readme[first:last])
+    assert readme_table == summary.markdown_table(rows)
+
+
+def test_summary_figures():
+    summary = load_summary()
+    row = {"shape": [1, 1, 2, 8], "dtype": "bfloat16", "variant": "none", "error": None, "floor_ms": 1.0,
+           "copy_GBps": 4000.0}
+    rows = [dict(row, **{"pass": "fwd", "ours_ms": 1.2, "compile_ms": 2.4, "eager_ms": 3.0}),
+            dict(row, **{"pass": "bwd", "ours_ms": 1.0, "compile_ms": 0.99, "eager_ms": 2.0}),
+            dict(row, **{"pass": "fwd+bwd", "ours_ms": 2.2, "compile_ms": 3.39, "eager_ms": 5.0}),
+            {"case": "attention", "ours_ms": 1.0, "error": None}]
+    lines = summary.figures(rows)
+    assert f"{math.sqrt(2.0 * 0.99):.3f} over 2 forward and backward cells" in lines[1]
+    assert lines[2].endswith("1 of 2") and lines[3].endswith("1 of 2")
+    assert "0.990-0.990 of its speed" in lines[4] and "0.990 of the floor" in lines[4]
+    assert lines[-1] == "  1x1x2x8 bfloat16 none fwd 1.200"
+    expected_line = "| 1×1×2×8 | bfloat16 | none | 1.20 | 2.40 | 3.00 | 1.00 | 0.99 | 2.20 | 3.39 |"
+    assert summary.markdown_table(rows).splitlines()[-1] == expected_line
