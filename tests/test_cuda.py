@@ -9,6 +9,17 @@ from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def assert_forward_backward_match(x, mask, scale, is_causal=False, causal_variant="upper_left"):
+    """x's forward and backward (from a random dy) against the float64 reference; returns y."""
+    y = sms.scaled_mask_softmax(x, mask, scale, is_causal, causal_variant)
+    dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy)
+    assert_close_to(y, y_ref, x.dtype)
+    assert_close_to(x.grad, dx_ref, x.dtype, scale=4)
+    return y
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 # A row split over a cluster's blocks, staged through their shared memory on sm_90 (as test_long_rows_staged_in_clusters
 # below), held in their registers where the device holds no such staged cluster: bf16 at 65536 and 100000 in 4 and 8
@@ -20,12 +31,7 @@ def test_very_long_rows(dtype, cols):
     x = random_scores((2, cols), dtype, "cuda").requires_grad_()
     mask = torch.zeros(cols, dtype=dtype, device="cuda")
     mask[::7] = float("-inf")
-    y = sms.scaled_mask_softmax(x, mask, 0.3)
-    dy = random_scores((2, cols), dtype, "cuda", generator_seed=1)
-    y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "upper_left", dy)
-    assert_close_to(y, y_ref, dtype)
-    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+    assert_forward_backward_match(x, mask, 0.3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -56,13 +62,7 @@ def assert_matches_reference_with(x, mask_form, scale):
         mask = mask.to(x.device)
     elif mask_form == "bias":
         mask = random_scores((1,) + x.shape[1:], torch.float32, x.device, generator_seed=2)
-    is_causal = mask_form == "causal"
-    y = sms.scaled_mask_softmax(x, mask, scale, is_causal, "lower_right")
-    dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1)
-    y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, mask, scale, is_causal, "lower_right", dy)
-    assert_close_to(y, y_ref, x.dtype)
-    assert_close_to(x.grad, dx_ref, x.dtype, scale=4)
+    y = assert_forward_backward_match(x, mask, scale, mask_form == "causal", "lower_right")
     assert not y.isnan().any()
 
 
@@ -124,12 +124,7 @@ def test_more_long_rows_than_the_l2_holds():
     cols = 65536
     x = random_scores((3, 320, cols), torch.bfloat16, "cuda").requires_grad_()
     mask = random_scores((320, cols), torch.bfloat16, "cuda", generator_seed=2)
-    y = sms.scaled_mask_softmax(x, mask, 0.3)
-    dy = random_scores((3, 320, cols), torch.bfloat16, "cuda", generator_seed=1)
-    y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "upper_left", dy)
-    assert_close_to(y, y_ref, torch.bfloat16)
-    assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+    assert_forward_backward_match(x, mask, 0.3)
 
 
 def test_rows_of_a_bias_taken_in_its_order():
@@ -137,12 +132,7 @@ def test_rows_of_a_bias_taken_in_its_order():
     y (16 + 32 MB) exceed a quarter of an H100's or H200's L2, which has them take rows in the bias's order."""
     x = random_scores((4, 16, 512, 512), torch.float32, "cuda").requires_grad_()
     bias = random_scores((16, 512, 512), torch.float32, "cuda", generator_seed=2)
-    y = sms.scaled_mask_softmax(x, bias, 0.3)
-    dy = random_scores(x.shape, torch.float32, "cuda", generator_seed=1)
-    y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, bias, 0.3, False, "upper_left", dy)
-    assert_close_to(y, y_ref, torch.float32)
-    assert_close_to(x.grad, dx_ref, torch.float32, scale=4)
+    assert_forward_backward_match(x, bias, 0.3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
