@@ -50,6 +50,24 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
         assert not y[..., 3:].any() and not x.grad[..., 3:].any()
 
 
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 16384), (torch.bfloat16, 65536), (torch.float32, 8192),
+                                         (torch.float32, 65536)])
+@pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
+def test_causal_rows_in_two_passes_are_zero_past_what_they_see(dtype, cols, causal_variant):
+    """Causal rows that the two-pass kernels take, more than the device holds at once, seeing from a few keys
+    (upper-left) to nearly all (lower-right); on sm_90 the copy engine writes what they do not see. The memory that y
+    and dx then take is left holding NaN first, so that a zero not written shows."""
+    x = random_scores((2, 2, 300, cols), dtype, "cuda").requires_grad_()
+    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
+    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
+    y = sms.scaled_mask_softmax(x, None, 0.5, True, causal_variant)
+    torch.full_like(x, float("nan"))  # and to dx
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, causal_variant, dy)
+    assert_close_to(y, y_ref, dtype)
+    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+
+
 def assert_matches_reference_with(x, mask_form, scale):
     """x's forward and backward against the float64 reference, with `mask_form`: none; a bool key-padding mask over
     the batch, the second batch all masked; an fp32 bias over all but the batch; or causal rows that see the keys of
