@@ -325,12 +325,16 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                       copy_bytes(visible, sizeof(scalar_t)), copy_bytes(visible, kMaskSize)};
   };
   const RowCover cover(blockDim.x);
-  const auto reduce = [&](auto value, auto op, auto identity) {
-    return row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
-  };
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize);
   for_each_staged_row<kStagedRows>(blockIdx.x, gridDim.x, p.rows, stage_bytes, mask_offset, locate,
-                                   [&](int64_t visit, unsigned char* stage, const auto&) {
+                                   [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
+    // The row is in registers once the block's first reduction is through its barrier: the stage takes the row
+    // after next then, and not only after this row's stores.
+    const auto reduce = [&](auto value, auto op, auto identity) {
+      const auto result = row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
+      send_ahead();
+      return result;
+    };
     const int64_t row = p.order.row(visit);
     const int visible = static_cast<int>(visible_end(p, row));
     const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);

@@ -59,11 +59,11 @@ __device__ __forceinline__ void send_for(const StagedCopy& copy, unsigned char* 
 // Calls body(visit, stage, send_ahead) for the rows a block of a persistent grid takes (first, first + step, ...
 // before `rows`), each in `stage`, `stage_bytes` of the block's dynamic shared memory, once the copies that
 // locate(visit) gives (a StagedCopy) have landed there: one thread sends for them, kStages rows ahead, into the
-// stage a row leaves once every thread is done with it. With kStages > 1 that is after body, at a barrier; with one
-// stage, body calls send_ahead() as soon as every thread has read the stage into registers (after a row's first
-// reduction), and with more it does nothing. The row to send for is located before body, by the thread that sends,
-// and waits in shared memory: located after body, or held in registers across it, it spilled 8-132 bytes (ptxas,
-// sm_90, at 64 registers).
+// stage a row leaves once every thread is done with it. body may call send_ahead() as soon as every thread has read
+// the stage into registers (after a row's first reduction); where it does not, the loop sends after body, at a
+// barrier. With one stage, body must. The row to send for is located before body, by the thread that sends, and
+// waits in shared memory: located after body, or held in registers across it, it spilled 8-132 bytes (ptxas, sm_90,
+// at 64 registers).
 template <int kStages, typename Locate, typename Body>
 __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step, int64_t rows, int64_t stage_bytes,
                                                     int64_t second_offset, Locate&& locate, Body&& body) {
@@ -86,13 +86,13 @@ __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step,
     const bool more = visit + kStages * step < rows;
     if (leader && more) ahead = locate(visit + kStages * step);
     barrier_wait(&landed[stage], (k / kStages) & 1);
+    bool sent = false;
     const auto send_ahead = [&] {
-      if (leader && more) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+      if (leader && more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+      sent = true;
     };
-    if constexpr (kStages == 1) {
-      body(visit, stages, send_ahead);
-    } else {
-      body(visit, stages + stage * stage_bytes, [] {});
+    body(visit, stages + stage * stage_bytes, send_ahead);
+    if (kStages > 1 && !sent) {
       __syncthreads();
       send_ahead();
     }
