@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   for_each_staged_row<kStagedRows>(blockIdx.x, gridDim.x, p.rows, stage_bytes, mask_offset, locate,
                                    [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
     // The row is in registers once the block's first reduction is through its barrier: the stage takes the row
-    // after next then, not after this row's stores (16-bit rows of 16,384 columns 0.4-0.9% faster, causal ones of
+    // after next then, not after this row's stores (16-bit rows of 16,384 columns 0.4-0.8% faster, causal ones of
     // 8192 2%; forward_staged_in_cluster, which leaves it to the loop, lost 1-6% so: benchmarks/NOTES.md, v29).
     const auto reduce = [&](auto value, auto op, auto identity) {
       const auto result = row_reduce(value, op, identity, blockDim.x, reinterpret_cast<decltype(value)*>(shared));
