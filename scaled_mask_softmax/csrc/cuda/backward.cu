@@ -26,9 +26,15 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
   }
 }
 
+// Vectors a thread of the register kernels aims to hold in the backward: without a causal limit two, in groups of
+// twice the lanes or blocks of twice the threads, 0.3-1.6% faster than four from 128 to 4096 columns (benchmarks/
+// NOTES.md, v30); a causal row's block pays its reduction and its zeros whatever it sees, so more threads a row
+// lose there (v15), and causal rows keep kTargetIters.
+constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
-  const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2));
+  const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
                            backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, VEC,

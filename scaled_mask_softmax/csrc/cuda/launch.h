@@ -144,16 +144,17 @@ __device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks
   exchange.finish();
 }
 
-// Rows that one block (or a group of lanes) holds in registers, kTargetIters vectors per thread where the row
-// allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds).
-inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector) {
+// Rows that one block (or a group of lanes) holds in registers, `target_iters` vectors per thread where the row
+// allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds). Rows of up to
+// kWarp * kTargetIters vectors are shared by groups of lanes, whatever the target.
+inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
   const int64_t vectors = ceil_div(cols, vec);
   if (vectors <= kWarp * kTargetIters) {
     // Short rows: a group of lanes per row, so that a warp may hold many rows.
-    const int width = next_power_of_two(std::min<int64_t>(ceil_div(vectors, kTargetIters), kWarp));
+    const int width = next_power_of_two(std::min<int64_t>(ceil_div(vectors, target_iters), kWarp));
     return {true, next_power_of_two(ceil_div(vectors, width)), kShortRowThreads, width};
   }
-  for (int iters = kTargetIters; iters <= kMaxIters; iters *= 2) {
+  for (int iters = target_iters; iters <= kMaxIters; iters *= 2) {
     const int threads = static_cast<int>(ceil_div(ceil_div(vectors, iters), kWarp) * kWarp);
     if (threads <= max_threads_for(iters * registers_per_vector)) return {true, iters, threads, threads};
   }
