@@ -10,7 +10,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Row lengths and the CUDA branch each reaches (16-bit types read 8-element vectors, fp32 4, fp64 2; a row
 # length that is not a multiple of the vector is read element by element):
 #   1..128 vectors: a group of 1..32 lanes per row, up to 4 vectors per lane (many rows per warp; the backward
-#   without a causal limit aims at 2 a lane, 4 from 64 vectors on, and blocks of twice the threads below);
+#   without a causal limit holds up to 2 a lane below 65 vectors, and 2 a thread in the blocks that follow);
 #   then one block per row with the row in registers, up to 16384 columns (4096 element by element), the max and
 #   sum reduced at once from blocks of 256 threads (rows of over 896 vectors);
 #   beyond: two passes, one block per row; on sm_90 a row without a causal limit is split over the blocks of a

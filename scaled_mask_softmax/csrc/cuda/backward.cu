@@ -26,10 +26,10 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
   }
 }
 
-// Vectors a thread of the register kernels aims to hold in the backward: without a causal limit two, in groups of
-// twice the lanes or blocks of twice the threads, 0.3-1.6% faster than four from 128 to 4096 columns (benchmarks/
-// NOTES.md, v30); a causal row's block pays its reduction and its zeros whatever it sees, so more threads a row
-// lose there (v15), and causal rows keep kTargetIters.
+// Vectors a thread of the register kernels aims to hold in the backward. Without a causal limit two, in groups of
+// twice the lanes or blocks of twice the threads: 1.0-1.5% faster than four at 128 columns, up to 0.6% at 512-4096,
+// and one a thread slower (benchmarks/NOTES.md, v30). A causal row's block pays its reduction and its zeros whatever
+// it sees, so more threads a row lose there (v15): causal rows keep kTargetIters.
 constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
 
 template <typename scalar_t, int VEC, bool kCausal>
