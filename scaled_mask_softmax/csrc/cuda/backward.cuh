@@ -19,7 +19,7 @@ template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t>
 struct GradientRow {
   using acc_t = at::opmath_type<scalar_t>;
   // The two-pass kernel's rows, the ones indexed in 64 bits, whose second pass reads its slice from L2: their
-  // loads take an L2 policy for each pass (as ScoreLoader's), and their stores are streaming (store_bits).
+  // loads are cached as each pass says (PassCaching, as ScoreLoader's), and their stores are streaming (store_bits).
   static constexpr bool kTwoPass = std::is_same_v<Index, int64_t>;
   struct Raw {
     Vector<scalar_t, VEC> y, dy;
@@ -31,7 +31,7 @@ struct GradientRow {
   Index end;  // one past the last column written: the row's end, or its slice's
   Index visible_end;
   acc_t scale;
-  uint64_t policy = 0;  // where kTwoPass
+  PassCaching caching;  // where kTwoPass
 
   __device__ GradientRow(const BackwardParams& p, int64_t row)
       : end(static_cast<Index>(p.cols)),
@@ -86,16 +86,16 @@ struct GradientRow {
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
     if constexpr (kTwoPass) {
-      raw.y = load_vector<VEC>(y, col, policy);
-      raw.dy = load_vector<VEC>(dy, col, policy);
+      raw.y = load_vector<VEC>(y, col, caching);
+      raw.dy = load_vector<VEC>(dy, col, caching);
     } else {
       raw.y = load_vector<VEC>(y, col);
       raw.dy = load_vector<VEC>(dy, col);
     }
   }
 
-  // The L2 policy (l2_policy) of the loads from here on, where kTwoPass.
-  __device__ __forceinline__ void set_l2_policy(uint64_t l2_policy) { policy = l2_policy; }
+  // How the loads are cached from here on, where kTwoPass.
+  __device__ __forceinline__ void set_caching(const PassCaching& pass_caching) { caching = pass_caching; }
 
   // Keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(Index col, Raw& raw) const {
@@ -278,13 +278,13 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
-  const uint64_t keep = l2_policy(L2Priority::kKeepInL2);
-  const uint64_t leave = l2_policy(L2Priority::kLeaveL2);
+  const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
+  const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
   int round = 0;
   for (int64_t row = slice.first_row(); row < p.rows; row += slice.row_step()) {
     Row g(p, row);
     g.clip(slice.end);
-    g.set_l2_policy(keep);
+    g.set_caching(keep);
     acc_t local_dot = 0;
     for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw, auto whole) {
       if constexpr (decltype(whole)::value) {
@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
     });
     acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), blockDim.x, shared);
     if (blocks_per_row > 1) row_dot = exchange.reduce(row_dot, SumOp(), blocks_per_row, round++);
-    g.set_l2_policy(leave);
+    g.set_caching(leave);
     const int64_t past = for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw,
                                                                                   auto whole) {
       if constexpr (decltype(whole)::value) {

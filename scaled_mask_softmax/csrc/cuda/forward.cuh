@@ -480,14 +480,14 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
-  const uint64_t keep = l2_policy(L2Priority::kKeepInL2);
-  const uint64_t leave = l2_policy(L2Priority::kLeaveL2);
+  const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
+  const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
   int round = 0;
   for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
     const int64_t row = p.order.row(visit);
     Loader loader(p, row);
     loader.clip(slice.end);
-    loader.set_l2_policy(keep);
+    loader.set_caching(keep);
     acc_t local_max = kMasked;
     acc_t local_sum = 0;
     for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col, const auto& raw, auto whole) {
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     SoftmaxStats<acc_t> stats = block_stats(SoftmaxStats<acc_t>{local_max, local_sum}, shared);
     if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
     scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
-    loader.set_l2_policy(leave);
+    loader.set_caching(leave);
     with_normalized_exp<scalar_t, kFastExp>(stats, [&](const auto& normalized) {
       const int64_t past = for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col,
                                                                                          const auto& raw, auto whole) {

@@ -43,15 +43,33 @@ __device__ __forceinline__ uint64_t l2_policy(L2Priority priority) {
   return policy;
 }
 
-// load_vector with an L2 cache policy (l2_policy) where the vector is 16 bytes.
+// How a two-pass kernel's loads of one pass are cached: pass 1 keeps its slice in L1 as well as L2
+// (L1::evict_last), pass 2 lets it go first from both (L1::evict_first). A block reads its slice again on the same
+// multiprocessor; without the L1 qualifiers a second read measured 1-9% slower (benchmarks/NOTES.md, v33).
+struct PassCaching {
+  uint64_t policy = 0;  // l2_policy
+  bool keep = true;     // L1::evict_last, or L1::evict_first
+
+  __device__ static PassCaching of(L2Priority priority) {
+    return {l2_policy(priority), priority == L2Priority::kKeepInL2};
+  }
+};
+
+// load_vector, cached as `caching` says, where the vector is 16 bytes.
 template <int VEC, typename T, typename Index>
-__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, uint64_t policy) {
+__device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, const PassCaching& caching) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (sizeof(Vector<T, VEC>) == 16) {
     uint32_t words[4];
-    asm("ld.global.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
-        : "l"(row + col), "l"(policy));
+    if (caching.keep) {
+      asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                   : "l"(row + col), "l"(caching.policy));
+    } else {
+      asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+                   : "l"(row + col), "l"(caching.policy));
+    }
     Vector<T, VEC> v;
     memcpy(&v, words, sizeof(v));
     return v;
@@ -216,9 +234,9 @@ struct ScoreLoader {
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
-  // The two-pass kernels' loads of x take an L2 policy (set_l2_policy) for each pass; the others load plainly.
+  // The two-pass kernels' loads of x are cached as each pass says (set_caching); the others load plainly.
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
-  uint64_t x_policy = 0;
+  PassCaching x_caching;
 
   __device__ ScoreLoader(const ForwardParams& p, int64_t row) : scale(static_cast<acc_t>(p.scale)) {
     int64_t x_start, mask_start;
@@ -246,8 +264,8 @@ struct ScoreLoader {
   // Takes only the keys before `end` (a block's slice of the row): those past it read as masked.
   __device__ __forceinline__ void clip(Index end) { visible_end = visible_end < end ? visible_end : end; }
 
-  // The L2 policy (l2_policy) of the loads of x from here on, where kL2Hints.
-  __device__ __forceinline__ void set_l2_policy(uint64_t policy) { x_policy = policy; }
+  // How the loads of x are cached from here on, where kL2Hints.
+  __device__ __forceinline__ void set_caching(const PassCaching& caching) { x_caching = caching; }
 
   // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
   __device__ __forceinline__ void start_at(Index begin) {
@@ -260,7 +278,7 @@ struct ScoreLoader {
   // Issues the loads of the vector at `col`, which must lie before visible_end.
   __device__ __forceinline__ void load(Index col, Raw& raw) const {
     if constexpr (kL2Hints) {
-      raw.x = load_vector<VEC>(x, col, x_policy);
+      raw.x = load_vector<VEC>(x, col, x_caching);
     } else {
       raw.x = load_vector<VEC>(x, col);
     }
