@@ -237,6 +237,25 @@ def test_cuda_graph_capture_and_replay(shape):
     assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
 
 
+# Rows of 64 to 1024 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
+# 512 and 8192 columns: one and two vectors a thread; fp32 at 256 and 4096), and their neighbours outside, which the
+# register kernels take (bf16 at 504 and 8200, fp32 at 252 and 4100); dy as its own tensor, and as a view whose rows
+# are spaced apart.
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 504), (torch.bfloat16, 512), (torch.bfloat16, 8192),
+                                         (torch.bfloat16, 8200), (torch.float16, 1024), (torch.float32, 252),
+                                         (torch.float32, 256), (torch.float32, 4096), (torch.float32, 4100)])
+@pytest.mark.parametrize("dy_layout", ["contiguous", "transposed"])
+def test_backward_rows_read_twice(dtype, cols, dy_layout):
+    y = torch.softmax(random_scores((3, 7, cols), torch.float32, "cuda"), -1).to(dtype)
+    dy = random_scores((7, 3, cols), dtype, "cuda", generator_seed=1).transpose(0, 1)
+    if dy_layout == "contiguous":
+        dy = dy.contiguous()
+    dx = torch.ops.scaled_mask_softmax.backward(y, dy, 0.7)
+    y64, dy64 = y.double(), dy.double()
+    expected = 0.7 * y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+    assert_close_to(dx, expected, dtype, scale=4)
+
+
 @pytest.mark.parametrize("cols", [100, 1024, 8192, 50000])
 def test_bitwise_deterministic(cols):
     x = random_scores((256, cols), torch.bfloat16, "cuda")

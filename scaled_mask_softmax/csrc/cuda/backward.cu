@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <limits>
+#include <utility>
+
 #include "../binding.h"
 #include "alignment.h"
 #include "backward.cuh"
@@ -32,8 +35,32 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
 // it sees, so more threads a row lose there (v15): causal rows keep kTargetIters.
 constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
 
+// Rows without a causal limit of kRereadVectors.first to .second 16-byte vectors (up to two a thread) take
+// backward_reread. At a vector a thread it measured 1.1-2.0% faster than the register kernels at 512 and 1024
+// columns (bf16, fp32) and fp32 4096, 1.4% slower at bf16 4096; rows of more than two vectors a thread, and of 128
+// columns, far slower (benchmarks/NOTES.md, v33). These bounds are the widest that v33 leaves open (v34).
+constexpr std::pair<int64_t, int64_t> kRereadVectors{64, 2 * kRereadThreads};
+
+// Launches backward_reread for the rows it takes (kRereadVectors); false otherwise.
+template <typename scalar_t, int VEC, bool kCausal>
+bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
+  if constexpr (kCausal || VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    const int64_t vectors = p.cols / VEC;
+    if (vectors < kRereadVectors.first || vectors > kRereadVectors.second ||
+        p.rows > std::numeric_limits<int>::max()) {
+      return false;
+    }
+    const int threads = static_cast<int>(std::min<int64_t>(round_up(vectors, kWarp), kRereadThreads));
+    backward_reread<scalar_t, VEC><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+    return true;
+  }
+}
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
+  if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,

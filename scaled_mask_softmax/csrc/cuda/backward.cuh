@@ -97,6 +97,11 @@ struct GradientRow {
   // How the loads are cached from here on, where kTwoPass.
   __device__ __forceinline__ void set_caching(const PassCaching& pass_caching) { caching = pass_caching; }
 
+  // The vector at `col`, cached as `pass_caching` says (backward_reread, whose columns are 32-bit).
+  __device__ __forceinline__ Raw read(Index col, const PassCaching& pass_caching) const {
+    return {load_vector<VEC>(y, col, pass_caching), load_vector<VEC>(dy, col, pass_caching)};
+  }
+
   // Keys past the visible ones are never read.
   __device__ __forceinline__ void fetch(Index col, Raw& raw) const {
     if (col < visible_end) load(col, raw);
@@ -208,6 +213,36 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
     Row g(p, stored ? row : p.rows - 1);
     if (!stored) g.clip(0);
     gradient_in_registers<VEC, ITERS>(g, cover, reduce);
+  }
+}
+
+// Threads a block of backward_reread has at most; at 32 registers, four such blocks fill a multiprocessor.
+constexpr int kRereadThreads = 512;
+
+// Rows without a causal limit, a block a row (the grid one block for each), read twice as torch.compile's looped
+// reduction reads them: pass 1 sums dy * y a vector a thread at a time, keeping the lines in L1 (PassCaching);
+// pass 2 reads y and dy again, from L1 where they are still there, and writes dx. A thread holds one vector at a
+// time, where backward_in_registers holds its share of the row across the reduction. No row loop: the count of a
+// loop over the shape's dims, kept across one, spilled 4 bytes at 32 registers (ptxas, sm_90).
+template <typename scalar_t, int VEC>
+__global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) backward_reread(const BackwardParams p) {
+  using Row = GradientRow<scalar_t, VEC, false, int>;
+  using acc_t = typename Row::acc_t;
+  __shared__ acc_t shared[kWarp];
+  const int cols = static_cast<int>(p.cols);
+  const int step = static_cast<int>(blockDim.x) * VEC;
+  const Row g(p, blockIdx.x);
+  const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
+  const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
+  acc_t local_dot = 0;
+#pragma unroll 1
+  for (int col = static_cast<int>(threadIdx.x) * VEC; col < cols; col += step) {
+    local_dot += g.visible_dot(g.read(col, keep));
+  }
+  const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), static_cast<int>(blockDim.x), shared);
+#pragma unroll 1
+  for (int col = static_cast<int>(threadIdx.x) * VEC; col < cols; col += step) {
+    g.store_visible_gradient(col, g.read(col, leave), row_dot);
   }
 }
 
