@@ -480,8 +480,8 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
-  const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
-  const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
+  const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2, /*hint_l1=*/false);
+  const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2, /*hint_l1=*/false);
   int round = 0;
   for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
     const int64_t row = p.order.row(visit);

@@ -45,13 +45,16 @@ __device__ __forceinline__ uint64_t l2_policy(L2Priority priority) {
 
 // How a two-pass kernel's loads of one pass are cached: pass 1 keeps its slice in L1 as well as L2
 // (L1::evict_last), pass 2 lets it go first from both (L1::evict_first). A block reads its slice again on the same
-// multiprocessor; without the L1 qualifiers a second read measured 1-9% slower (benchmarks/NOTES.md, v33).
+// multiprocessor; without the L1 qualifiers the backward's second read measured 1-9% slower (benchmarks/NOTES.md,
+// v33). The forward's loads of x take L2's policy alone (hint_l1 false): with the L1 qualifiers its rows of 32 KiB
+// measured 2-4% slower (v35).
 struct PassCaching {
   uint64_t policy = 0;  // l2_policy
   bool keep = true;     // L1::evict_last, or L1::evict_first
+  bool hint_l1 = true;
 
-  __device__ static PassCaching of(L2Priority priority) {
-    return {l2_policy(priority), priority == L2Priority::kKeepInL2};
+  __device__ static PassCaching of(L2Priority priority, bool hint_l1 = true) {
+    return {l2_policy(priority), priority == L2Priority::kKeepInL2, hint_l1};
   }
 };
 
@@ -61,7 +64,11 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, c
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (sizeof(Vector<T, VEC>) == 16) {
     uint32_t words[4];
-    if (caching.keep) {
+    if (!caching.hint_l1) {
+      asm("ld.global.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+          : "l"(row + col), "l"(caching.policy));
+    } else if (caching.keep) {
       asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
                    : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
                    : "l"(row + col), "l"(caching.policy));
