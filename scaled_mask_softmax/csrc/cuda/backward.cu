@@ -36,9 +36,9 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
 constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
 
 // Rows without a causal limit of kRereadVectors.first to .second 16-byte vectors (up to two a thread) take
-// backward_reread. At a vector a thread it measured 1.1-2.0% faster than the register kernels at 512 and 1024
-// columns (bf16, fp32) and fp32 4096, 1.4% slower at bf16 4096; rows of more than two vectors a thread, and of 128
-// columns, far slower (benchmarks/NOTES.md, v33). These bounds are the widest that v33 leaves open (v34).
+// backward_reread: measured 0.7-2.4% faster than the register kernels from 512 to 8192 16-bit columns and 512 to
+// 4096 fp32 ones, bf16 4096 within noise (benchmarks/NOTES.md, v34). Rows of more than two vectors a thread, and of
+// 128 columns, measured far slower (v33).
 constexpr std::pair<int64_t, int64_t> kRereadVectors{64, 2 * kRereadThreads};
 
 // Launches backward_reread for the rows it takes (kRereadVectors); false otherwise.
