@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Several builds compared on one GPU machine:
 #   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar; a .patch
-#                                           file is applied to HEAD, to .variants/<name>.tar
+#                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar
 #   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
 #                                           the float64 reference (check --quick)
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2)
