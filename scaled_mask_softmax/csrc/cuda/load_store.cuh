@@ -49,12 +49,13 @@ __device__ __forceinline__ uint64_t l2_policy(L2Priority priority) {
 // v33). The forward's loads of x take L2's policy alone (hint_l1 false): with the L1 qualifiers its rows of 32 KiB
 // measured 2-4% slower (v35).
 struct PassCaching {
+  enum class L1 { kUnhinted, kEvictLast, kEvictFirst };
   uint64_t policy = 0;  // l2_policy
-  bool keep = true;     // L1::evict_last, or L1::evict_first
-  bool hint_l1 = true;
+  L1 l1 = L1::kUnhinted;
 
   __device__ static PassCaching of(L2Priority priority, bool hint_l1 = true) {
-    return {l2_policy(priority), priority == L2Priority::kKeepInL2, hint_l1};
+    const L1 l1 = !hint_l1 ? L1::kUnhinted : priority == L2Priority::kKeepInL2 ? L1::kEvictLast : L1::kEvictFirst;
+    return {l2_policy(priority), l1};
   }
 };
 
@@ -64,11 +65,11 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, c
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (sizeof(Vector<T, VEC>) == 16) {
     uint32_t words[4];
-    if (!caching.hint_l1) {
+    if (caching.l1 == PassCaching::L1::kUnhinted) {
       asm("ld.global.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
           : "l"(row + col), "l"(caching.policy));
-    } else if (caching.keep) {
+    } else if (caching.l1 == PassCaching::L1::kEvictLast) {
       asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0, %1, %2, %3}, [%4], %5;"
                    : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
                    : "l"(row + col), "l"(caching.policy));
