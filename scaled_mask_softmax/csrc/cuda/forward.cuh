@@ -251,7 +251,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
     inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
   }
   // Formed here once: seen through, the row's start was folded into each store's 64-bit address again (SASS, sm_90:
-  // six instructions a vector where one IMAD.WIDE of the 32-bit column does), as row_address says of the loads.
+  // six instructions a vector where LEA and LEA.HI.X of the column do), as row_address says of the loads.
   // Only for 16-byte vectors, whose stores say they are global (store_bits); element-wise ones would turn generic.
   if constexpr (VEC * sizeof(scalar_t) == 16) y = row_address(y);
 #pragma unroll
