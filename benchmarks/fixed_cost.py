@@ -4,7 +4,7 @@ The benchmark times each call as do_bench does: CUDA events around one launch, a
 larger than the L2. On the cells whose floor is about 50-65 us (x of 128 MiB), a cost that does not grow with the
 bytes weighs 5-10% of the floor. This script times the same launches four ways, in ms:
 
-  events, zeroing flush   as the benchmark (do_bench's median)
+  events, zeroing flush   as the benchmark (bench.median_ms: do_bench's median)
   events, reading flush   the flush leaves clean lines in L2 instead of dirty ones (benchmarks/traffic.py)
   back to back            REPEATS launches between two events, no flush: a launch's share, its start hidden
                           behind the one before (the tensors are several times the L2, so each launch still
@@ -18,7 +18,6 @@ import argparse
 import statistics
 
 import torch
-import triton.testing
 
 from scaled_mask_softmax import bench, scaled_mask_softmax
 from traffic import median_ms_clean_flush
@@ -43,10 +42,10 @@ def back_to_back_ms(fn):
 
 def report(name, floor_ms, fn):
     """One line: the floor, the three timings, the first and the last over the floor, and their difference in us."""
-    zeroing = triton.testing.do_bench(fn, return_mode="median")
+    zeroing = bench.median_ms(fn, torch.device("cuda"))
     reading = median_ms_clean_flush(fn)
     chained = back_to_back_ms(fn)
-    ratios = f"{zeroing / floor_ms:8.3f}{chained / floor_ms:8.3f}" if floor_ms else f"{'-':>8}{'-':>8}"
+    ratios = f"{zeroing / floor_ms:8.3f}{chained / floor_ms:9.3f}" if floor_ms else f"{'-':>8}{'-':>9}"
     print(f"{name:42}{floor_ms or 0:9.4f}{zeroing:9.4f}{reading:9.4f}{chained:9.4f}{ratios}"
           f"{(zeroing - chained) * 1e3:8.1f}", flush=True)
 
@@ -61,7 +60,7 @@ def main():
     copy = bench.copy_bytes_per_ms(device)
     generator = torch.Generator(device=device).manual_seed(0)
     print(f"copy ceiling {copy / 1e6:.0f} GB/s")
-    print(f"{'call':42}{'floor':>9}{'zeroing':>9}{'reading':>9}{'chained':>9}{'x floor':>8}{'chained':>8}{'us more':>8}")
+    print(f"{'call':42}{'floor':>9}{'zeroing':>9}{'reading':>9}{'chained':>9}{'zero/fl':>8}{'chain/fl':>9}{'us more':>8}")
     one = torch.zeros(1, device=device)
     report("a one-element kernel", None, lambda: one.add_(1))
     for shape, dtype_name, variant in bench.cells(args.grid, args.dtypes, args.variants):
@@ -70,7 +69,7 @@ def main():
         report(f"{'x'.join(map(str, shape))} {dtype_name} {variant} fwd", floor_ms,
                lambda: scaled_mask_softmax(x, mask, SCALE, is_causal))
         y = torch.empty_like(x)
-        report(f"  torch copy of x", 2 * x.numel() * x.element_size() / copy, lambda: y.copy_(x))
+        report("  torch copy of x", 2 * x.numel() * x.element_size() / copy, lambda: y.copy_(x))
         del x, mask, y
         torch.cuda.empty_cache()
 
