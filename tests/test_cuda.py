@@ -127,6 +127,16 @@ def test_long_rows_staged_in_clusters(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, cols), dtype, "cuda").requires_grad_(), mask_form, 0.3)
 
 
+# Many more rows than the clusters that hold them at once, so that each cluster goes round its stages and its
+# exchanges of max and sum several times (the tests above give each cluster one row): on an H200, bf16 rows of
+# 65,536 columns in clusters of 2 or 4 blocks, of 262,144 in 8 or 16.
+@pytest.mark.parametrize("shape, mask_form", [((2, 400, 65536), "none"), ((2, 400, 65536), "key_padding"),
+                                              ((2, 400, 65536), "bias"), ((2, 80, 262144), "none"),
+                                              ((2, 80, 262144), "key_padding"), ((2, 80, 262144), "bias")])
+def test_long_rows_many_to_a_cluster(shape, mask_form):
+    assert_matches_reference_with(random_scores(shape, torch.bfloat16, "cuda").requires_grad_(), mask_form, 0.3)
+
+
 # fp64 rows with a bias held in the registers of a cluster's blocks (forward_in_cluster; the staged cluster kernel
 # takes no fp64): 32,768 columns in 8 blocks, 65,536 in 8 at eight vectors a thread. The same kernel takes the other
 # dtypes' rows with an additive mask where a device holds no staged cluster of them.
