@@ -4,7 +4,8 @@
 #                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar
 #   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
 #                                           the float64 reference (check --quick)
-#   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2)
+#   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2), each also
+#                                           under the settings in CONFIGS (below)
 #   scripts/variants.sh run [sweep args]    build, then sweep
 #   scripts/variants.sh test [pytest args]  there: the test suite of each build, in its own tree (default: all)
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
@@ -34,11 +35,21 @@ build() {
   done
 }
 
+# CONFIGS: settings each build is swept under besides its own, "tag:VAR=value,VAR=value" separated by spaces (the
+# environment knobs of an experiment's build, such as benchmarks/prepared/v44-cluster-knobs.patch's); a setting's
+# rows are tagged <build>-<tag>.
 sweep() {
   for round in $(seq "${ROUNDS:-2}"); do
     for name in "${names[@]}"; do
-      PYTHONPATH="/tmp/variants/$name" python3 benchmarks/sweep.py --tag "$name" --out "$OUT/sweep.jsonl" "$@" \
-        >>"$OUT/sweep-$name.log" 2>&1 || echo "sweep $name (round $round): failed"
+      for config in "" ${CONFIGS:-}; do
+        local tag="$name" settings=()
+        if [ -n "$config" ]; then
+          tag="$name-${config%%:*}"
+          IFS=, read -r -a settings <<<"${config#*:}"
+        fi
+        env "${settings[@]}" PYTHONPATH="/tmp/variants/$name" python3 benchmarks/sweep.py --tag "$tag" \
+          --out "$OUT/sweep.jsonl" "$@" >>"$OUT/sweep-$tag.log" 2>&1 || echo "sweep $tag (round $round): failed"
+      done
     done
   done
   PYTHONPATH="/tmp/variants/${names[0]}" python3 benchmarks/sweep.py --table "$OUT/sweep.jsonl" | tee "$OUT/table.txt"
