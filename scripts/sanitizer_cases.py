@@ -59,6 +59,14 @@ def main() -> int:
         for cols in (20000, 262144):
             x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
             failures += failed(x, None, "none", True, "upper_left")
+    # Rows whose two stages would take clusters of 16 take one stage over clusters of 8 (16-bit rows of 262,144
+    # columns and fp32 rows of 131,072 with an additive mask); more rows than clusters, so that a stage is sent for
+    # again while the cluster exchanges the row before.
+    for dtype, cols in ((torch.bfloat16, 262144), (torch.float32, 131072)):
+        x = torch.randn(2, 20, cols, device="cuda", dtype=dtype).requires_grad_()
+        for mask_name, mask in masks_for(dtype, 20, cols).items():
+            if mask is not None and mask.dtype != torch.bool:
+                failures += failed(x, mask, mask_name, False, "lower_right")
     # More rows than the staged kernels' persistent grid holds at once (fp32 rows of 16,384 columns: on an H200 one
     # block a multiprocessor in the forward), so that each block goes round its stages.
     x = torch.randn(400, 16384, device="cuda").requires_grad_()

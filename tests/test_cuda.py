@@ -118,8 +118,8 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
 # 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in
-# as many more as two stages of a slice need, up to 16: bf16 at 65,536 in 4, fp32 at 65,536 in 8, bf16 at 262,144 in
-# 16. A bool mask's rows as any other's.
+# as many more as two stages of a slice need: bf16 at 65,536 in 4, fp32 at 65,536 in 8; bf16 at 262,144, whose two
+# stages would take 16, in 8 with one stage. A bool mask's rows as any other's.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65536), (torch.bfloat16, 131080), (torch.bfloat16, 262144),
                                          (torch.float32, 65536), (torch.float32, 100000)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])
@@ -129,7 +129,7 @@ def test_long_rows_staged_in_clusters(dtype, cols, mask_form):
 
 # Many more rows than the clusters that hold them at once, so that each cluster goes round its stages and its
 # exchanges of max and sum several times (the tests above give each cluster one row): on an H200, bf16 rows of
-# 65,536 columns in clusters of 2 or 4 blocks, of 262,144 in 8 or 16.
+# 65,536 columns in clusters of 2 or 4 blocks, of 262,144 in 8 (with a bias, one stage each).
 @pytest.mark.parametrize("shape, mask_form", [((2, 400, 65536), "none"), ((2, 400, 65536), "key_padding"),
                                               ((2, 400, 65536), "bias"), ((2, 80, 262144), "none"),
                                               ((2, 80, 262144), "key_padding"), ((2, 80, 262144), "bias")])

@@ -74,11 +74,18 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
 template <typename mask_t>
 constexpr int kMostStagedBlocks = kClusterForwardsMask<mask_t> ? kMaxClusterBlocks : 8;
 
+// Where two stages of a slice would take more blocks a row than this, forward_staged_in_cluster takes one stage over
+// this many instead: a GPC holds whole clusters, and clusters of 16 at one block a multiprocessor leave about 15% of
+// an H200's multiprocessors idle (v20, v24). bf16 rows of 262,144 columns with an additive mask or an fp32 bias
+// measured 1.17-1.22 -> 1.06 of the floor (benchmarks/NOTES.md, v49).
+constexpr int kOneStageBlocks = 8;
+
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
 // half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
-// to kMostStagedBlocks, until two stages of a slice fit a block's shared memory; where every slice of a mask row is
-// whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its stages; false otherwise,
-// and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers).
+// to kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks
+// where two would take more); where every slice of a mask row is whole 16-byte words from a 16-byte boundary and the
+// device holds such a cluster with its stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8
+// bytes at 128 registers).
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
@@ -86,19 +93,29 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
   } else {
     const ClusterShape shape = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
     if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
-    const auto shared_bytes = [&](int blocks) {
-      return kStagedRows * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
+    const auto shared_bytes = [&](int blocks, int stages) {
+      return stages * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
     };
     int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
     const int64_t most_shared_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    while (blocks_per_row < kMostStagedBlocks<mask_t> && shared_bytes(blocks_per_row) > most_shared_bytes) {
+    while (blocks_per_row < kMostStagedBlocks<mask_t> &&
+           shared_bytes(blocks_per_row, kStagedRows) > most_shared_bytes) {
       blocks_per_row *= 2;
     }
+    const bool one_stage =
+        blocks_per_row > kOneStageBlocks && shared_bytes(kOneStageBlocks, 1) <= most_shared_bytes;
+    if (one_stage) blocks_per_row = kOneStageBlocks;
     const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
     if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
     const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
-    return launch_clusters(forward_staged_in_cluster<scalar_t, mask_t, VEC>, p, blocks_per_row, threads, stream,
-                           shared_bytes(blocks_per_row));
+    const auto launch = [&](auto kernel, int stages) {
+      return launch_clusters(kernel, p, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
+    };
+    // Only rows whose two stages may take more than kOneStageBlocks blocks take one stage.
+    if constexpr (kMostStagedBlocks<mask_t> > kOneStageBlocks) {
+      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1>, 1);
+    }
+    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows>, kStagedRows);
   }
 }
 

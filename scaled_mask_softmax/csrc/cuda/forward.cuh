@@ -380,7 +380,9 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
 // blocks have nothing in flight. At kTargetIters, held to 64 registers for two blocks a multiprocessor, the loop's
 // state spilled 8-36 bytes (ptxas, sm_90, 16-bit rows with a mask). A persistent grid of clusters. Every slice of a
 // mask row must start 16-byte aligned and span whole 16-byte words (launch_forward_staged_in_cluster).
-template <typename scalar_t, typename mask_t, int VEC>
+// kStages: 2, or 1 where two stages would need clusters of 16; the one stage then takes the next row as soon as the
+// slice is in registers (after the block's reduction), as forward_staged's stages do.
+template <typename scalar_t, typename mask_t, int VEC, int kStages>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>, 1)
     forward_staged_in_cluster(const ForwardParams p, const int blocks_per_row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -405,13 +407,15 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   };
   const RowCover cover(blockDim.x);
   int round = 0;
-  const auto reduce = [&](Value value, auto op, Value identity) {
-    return exchange.reduce(row_reduce(value, op, identity, blockDim.x, shared), op, blocks_per_row, round++);
-  };
   exchange.start();
   const int64_t stage_bytes = stage_bytes_for(widest, sizeof(scalar_t), kMaskSize);
-  for_each_staged_row<kStagedRows>(slice.first_row(), slice.row_step(), p.rows, stage_bytes, mask_offset, locate,
-                                   [&](int64_t visit, unsigned char* stage, const auto&) {
+  for_each_staged_row<kStages>(slice.first_row(), slice.row_step(), p.rows, stage_bytes, mask_offset, locate,
+                               [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
+    const auto reduce = [&](Value value, auto op, Value identity) {
+      const Value block = row_reduce(value, op, identity, blockDim.x, shared);
+      if constexpr (kStages == 1) send_ahead();
+      return exchange.reduce(block, op, blocks_per_row, round++);
+    };
     const int64_t row = p.order.row(visit);
     // The slice's keys before the row's visible end. That is all of them (these rows have no causal limit), but
     // given as `width`, a constant of the loop, it took up to 28 registers more (ptxas, sm_90).
