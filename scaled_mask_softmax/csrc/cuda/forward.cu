@@ -76,7 +76,7 @@ constexpr int kMostStagedBlocks = kClusterForwardsMask<mask_t> ? kMaxClusterBloc
 
 // Where two stages of a slice would take more blocks a row than this, forward_staged_in_cluster takes one stage over
 // this many instead: a GPC holds whole clusters, and clusters of 16 at one block a multiprocessor leave about 15% of
-// an H200's multiprocessors idle (v20, v24). bf16 rows of 262,144 columns with an additive mask or an fp32 bias
+// an H200's multiprocessors idle (v20, v24). bf16 rows of 262,144 columns with a full bf16 mask or a bf16 bias
 // measured 1.17-1.22 -> 1.06 of the floor (benchmarks/NOTES.md, v49).
 constexpr int kOneStageBlocks = 8;
 
