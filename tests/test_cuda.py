@@ -137,6 +137,18 @@ def test_long_rows_many_to_a_cluster(shape, mask_form):
     assert_matches_reference_with(random_scores(shape, torch.bfloat16, "cuda").requires_grad_(), mask_form, 0.3)
 
 
+# Rows whose two stages of x and a full mask would take clusters of 16 blocks take one stage over clusters of 8: bf16
+# rows of 262,144 columns with a bf16 or an fp32 mask, fp32 rows of 131,072 with an fp32 one; more rows than clusters,
+# so that a stage is sent for again while the cluster exchanges the row before.
+@pytest.mark.parametrize("dtype, cols, mask_dtype", [(torch.bfloat16, 262144, torch.bfloat16),
+                                                     (torch.bfloat16, 262144, torch.float32),
+                                                     (torch.float32, 131072, torch.float32)])
+def test_long_rows_with_a_full_mask_in_one_stage(dtype, cols, mask_dtype):
+    x = random_scores((2, 40, cols), dtype, "cuda").requires_grad_()
+    mask = random_scores((2, 40, cols), mask_dtype, "cuda", generator_seed=2)
+    assert_forward_backward_match(x, mask, 0.3)
+
+
 # fp64 rows with a bias held in the registers of a cluster's blocks (forward_in_cluster; the staged cluster kernel
 # takes no fp64): 32,768 columns in 8 blocks, 65,536 in 8 at eight vectors a thread. The same kernel takes the other
 # dtypes' rows with an additive mask where a device holds no staged cluster of them.
