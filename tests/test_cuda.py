@@ -259,13 +259,14 @@ def test_cuda_graph_capture_and_replay(shape):
     assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
 
 
-# Rows of 64 to 1024 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
-# 512 and 8192 columns: one and two vectors a thread; fp32 at 256 and 4096), and their neighbours outside, which the
-# register kernels take (bf16 at 504 and 8200, fp32 at 252 and 4100); dy as its own tensor, and as a view whose rows
-# are spaced apart.
+# Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
+# 512 and 8192 columns: one and two vectors a thread of 512; at 8200 and 16,384 in blocks of 1024; fp32 at 256, 4096
+# and 8192), and their neighbours outside, which the register kernels take (bf16 at 504 and 16,392, fp32 at 252 and
+# 8196); dy as its own tensor (rows evenly spaced), and as a view whose rows are spaced apart.
 @pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 504), (torch.bfloat16, 512), (torch.bfloat16, 8192),
-                                         (torch.bfloat16, 8200), (torch.float16, 1024), (torch.float32, 252),
-                                         (torch.float32, 256), (torch.float32, 4096), (torch.float32, 4100)])
+                                         (torch.bfloat16, 8200), (torch.bfloat16, 16384), (torch.bfloat16, 16392),
+                                         (torch.float16, 1024), (torch.float32, 252), (torch.float32, 256),
+                                         (torch.float32, 4096), (torch.float32, 8192), (torch.float32, 8196)])
 @pytest.mark.parametrize("dy_layout", ["contiguous", "transposed"])
 def test_backward_rows_read_twice(dtype, cols, dy_layout):
     y = torch.softmax(random_scores((3, 7, cols), torch.float32, "cuda"), -1).to(dtype)

@@ -33,12 +33,14 @@ struct GradientRow {
   acc_t scale;
   PassCaching caching;  // where kTwoPass
 
-  __device__ GradientRow(const BackwardParams& p, int64_t row)
+  // kEvenRows: as row_starts.
+  template <bool kEvenRows = false>
+  __device__ GradientRow(const BackwardParams& p, int64_t row, std::bool_constant<kEvenRows> = {})
       : end(static_cast<Index>(p.cols)),
         visible_end(static_cast<Index>(kCausal ? sms::visible_end(p, row) : p.cols)),
         scale(static_cast<acc_t>(p.scale)) {
     int64_t y_start, dy_start;
-    row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
+    row_starts<kEvenRows>(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
@@ -218,20 +220,22 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
 
 // Threads a block of backward_reread has at most; at 32 registers, four such blocks fill a multiprocessor.
 constexpr int kRereadThreads = 512;
+// Rows of more than two vectors a thread of kRereadThreads: blocks of this many, two a multiprocessor.
+constexpr int kRereadWideThreads = 1024;
 
 // Rows without a causal limit, a block a row (the grid one block for each), read twice as torch.compile's looped
 // reduction reads them: pass 1 sums dy * y a vector a thread at a time, keeping the lines in L1 (PassCaching);
 // pass 2 reads y and dy again, from L1 where they are still there, and writes dx. A thread holds one vector at a
 // time, where backward_in_registers holds its share of the row across the reduction. No row loop: the count of a
 // loop over the shape's dims, kept across one, spilled 4 bytes at 32 registers (ptxas, sm_90).
-template <typename scalar_t, int VEC>
-__global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) backward_reread(const BackwardParams p) {
+template <typename scalar_t, int VEC, bool kEvenRows, int kThreads = kRereadThreads>
+__global__ void __launch_bounds__(kThreads, 2048 / kThreads) backward_reread(const BackwardParams p) {
   using Row = GradientRow<scalar_t, VEC, false, int>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const int cols = static_cast<int>(p.cols);
   const int step = static_cast<int>(blockDim.x) * VEC;
-  const Row g(p, blockIdx.x);
+  const Row g(p, blockIdx.x, std::bool_constant<kEvenRows>{});
   const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
   const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
   acc_t local_dot = 0;
