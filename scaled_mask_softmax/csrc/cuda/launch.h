@@ -81,9 +81,16 @@ struct RowCover {
   int width_;
   int lane_;
 
-  __device__ explicit RowCover(int width) : width_(width), lane_(threadIdx.x % width) {
-    const int rows_per_block = blockDim.x / width;
-    first_row_ = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / width;
+  // `width`: a power of two up to kWarp (groups of lanes) or the whole block (RowPlan), so that shifts find a
+  // thread's group where a division by a run-time width took a reciprocal and a dozen instructions before the first
+  // load of every block.
+  __device__ explicit RowCover(int width) : width_(width) {
+    const bool groups = width <= kWarp;
+    const int shift = __ffs(width) - 1;
+    const int group = groups ? static_cast<int>(threadIdx.x) >> shift : 0;
+    const int rows_per_block = groups ? static_cast<int>(blockDim.x) >> shift : 1;
+    lane_ = groups ? static_cast<int>(threadIdx.x) & (width - 1) : static_cast<int>(threadIdx.x);
+    first_row_ = static_cast<int64_t>(blockIdx.x) * rows_per_block + group;
     row_step_ = static_cast<int>(gridDim.x) * rows_per_block;
   }
 

@@ -246,13 +246,15 @@ struct ScoreLoader {
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
   PassCaching x_caching;
 
-  __device__ ScoreLoader(const ForwardParams& p, int64_t row) : scale(static_cast<acc_t>(p.scale)) {
+  // causal: whether the kernel takes rows with a causal limit; a constant where inlined, so that the others skip
+  // the limit's arithmetic before their first loads.
+  __device__ ScoreLoader(const ForwardParams& p, int64_t row, bool causal) : scale(static_cast<acc_t>(p.scale)) {
     int64_t x_start, mask_start;
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     x = static_cast<const scalar_t*>(p.x) + x_start;
     mask = static_cast<const mask_t*>(p.mask) + mask_start;
     pin_addresses();
-    visible_end = static_cast<Index>(sms::visible_end(p, row));
+    visible_end = static_cast<Index>(causal ? sms::visible_end(p, row) : p.cols);
   }
 
   // A row whose x and mask lie at `x_row` and `mask_row` (in shared memory, where the staged kernels bring them),
