@@ -108,15 +108,16 @@ def main():
             build_model(device), device_ids=None if device.type == "cpu" else [device])
         # DDP averages the gradients of equal shards: the gradient of the global batch's mean loss.
         shard = global_batches().chunk(world_size, dim=1)[rank].to(device)
-        # No collective of our own: gloo's workers outlive destroy_process_group (the DDP model keeps the group),
-        # and one that frees a Python tensor while the interpreter shuts down aborts the process.
+        # No collective of our own: a gloo worker that frees a Python tensor while the interpreter shuts down
+        # aborts the process (the exit below).
         losses = train(model, shard)
         parameters = {name: parameter.detach().cpu() for name, parameter in model.module.named_parameters()}
         torch.save({"losses": losses.cpu(), "parameters": parameters}, os.path.join(args.out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    # The group's gloo threads outlive destroy_process_group too, and their teardown as the interpreter exits can
-    # still abort a rank whose work is saved (about one run in fifty on two cores): leave without that teardown.
+    # gloo's threads outlive destroy_process_group (still running after it, the DDP model deleted and collected),
+    # and their teardown as the interpreter exits can abort a rank whose work is saved (about one run in fifty on
+    # two cores): leave without that teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   for_each_cluster_row<std::conditional_t<kOneReduction, uint64_t, acc_t>, VEC>(
       p, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
     const int64_t row = p.order.row(visit);
-    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row, false);
+    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row, /*causal=*/false);
     loader.start_at(begin);
     loader.clip(width);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, false>, false,
@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   int round = 0;
   for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
     const int64_t row = p.order.row(visit);
-    Loader loader(p, row, true);
+    Loader loader(p, row, /*causal=*/true);
     loader.clip(slice.end);
     loader.set_caching(keep);
     acc_t local_max = kMasked;
