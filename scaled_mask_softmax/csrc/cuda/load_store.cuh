@@ -89,8 +89,9 @@ __device__ __forceinline__ Vector<T, VEC> load_vector(const T* row, Index col, c
 // One 16-byte store, as four 32-bit words. Written out because the compiler split some stores of a struct of
 // 16-bit class members (c10::Half, c10::BFloat16) into four 32-bit stores, four times the store requests.
 // kEvictFirst: marked streaming (.cs): what a kernel writes it never reads, and in L2 it would push out what the
-// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9; measured in v10). The single-pass
-// backward stores without it, measured a little faster on causal rows (after v13).
+// two-pass kernels' second pass is still to read (benchmarks/NOTES.md, v9; measured in v10). The kernels that hold
+// a row in registers store without it, measured faster: the single-pass backward on causal rows (after v13), the
+// forward on rows of 128-65,536 columns (v57).
 template <int VEC, bool kEvictFirst = true, typename T, typename Index>
 __device__ __forceinline__ void store_bits(T* row, Index col, const Vector<T, VEC>& v) {
   if constexpr (sizeof(v) == 16) {
