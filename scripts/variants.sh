@@ -9,6 +9,8 @@
 #   scripts/variants.sh run [sweep args]    build, then sweep
 #   scripts/variants.sh test [pytest args]  there: the test suite of each build, in its own tree (default: all)
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
+# The builds are in place, not installed: a script of benchmarks/ run by hand in a build's tree needs
+# PYTHONPATH=/tmp/variants/<name> (Python puts the script's folder first, not the working directory).
 # sweep.jsonl, the table (benchmarks/sweep.py --table) and logs-<action>.tgz go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
