@@ -11,8 +11,10 @@ bytes weighs 5-10% of the floor. This script times the same launches four ways, 
                           reads from DRAM)
   a one-element kernel   a launch that moves next to nothing, timed the same ways: the events' own floor
 
-for our forward on the cells given, and torch's copy of the same size. Run on a GPU:
+for our passes on the cells given (as the benchmark calls them), torch.compile's beside them with --peers, and
+torch's copy of x. Run on a GPU:
   python benchmarks/fixed_cost.py --grid 256x16x128x128,16x16x512x512 --variants none,causal
+  python benchmarks/fixed_cost.py --grid 8x32x1024x1024 --variants none,additive --passes fwd,bwd --peers
 """
 import argparse
 import statistics
@@ -23,7 +25,6 @@ from scaled_mask_softmax import bench, scaled_mask_softmax
 from traffic import median_ms_clean_flush
 
 REPEATS = 50
-SCALE = 0.125
 
 
 def back_to_back_ms(fn):
@@ -55,6 +56,8 @@ def main():
     parser.add_argument("--grid", type=bench.parse_grid, default=bench.parse_grid("256x16x128x128,16x16x512x512"))
     parser.add_argument("--dtypes", type=bench.comma_list(bench.DTYPES), default=["bfloat16"])
     parser.add_argument("--variants", type=bench.comma_list(tuple(bench.ALL_VARIANTS)), default=["none", "causal"])
+    parser.add_argument("--passes", type=bench.comma_list(("fwd", "bwd")), default=["fwd"])
+    parser.add_argument("--peers", action="store_true", help="time torch.compile's call the same ways")
     args = parser.parse_args()
     device = torch.device("cuda")
     copy = bench.copy_bytes_per_ms(device)
@@ -64,13 +67,22 @@ def main():
     one = torch.zeros(1, device=device)
     report("a one-element kernel", None, lambda: one.add_(1))
     for shape, dtype_name, variant in bench.cells(args.grid, args.dtypes, args.variants):
-        x, mask, _, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
-        floor_ms = bench.necessary_bytes_of("fwd", x, mask, is_causal) / copy
-        report(f"{'x'.join(map(str, shape))} {dtype_name} {variant} fwd", floor_ms,
-               lambda: scaled_mask_softmax(x, mask, SCALE, is_causal))
-        y = torch.empty_like(x)
-        report("  torch copy of x", 2 * x.numel() * x.element_size() / copy, lambda: y.copy_(x))
-        del x, mask, y
+        x, mask, peer_mask, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
+        dy = torch.randn(shape, generator=generator, device=device, dtype=x.dtype)
+        x.requires_grad_()  # as the benchmark times every pass
+        compiled = torch.compile(bench.eager_composite, dynamic=False)
+        compiled_backward = torch.compile(bench.softmax_backward_composite, dynamic=False)
+        with torch.no_grad():
+            y = scaled_mask_softmax(x, mask, bench.SCALE, is_causal)
+        for pass_name in args.passes:
+            floor_ms = bench.necessary_bytes_of(pass_name, x, mask, is_causal) / copy
+            calls = bench.implementations(pass_name, x, mask, peer_mask, is_causal, y, dy, compiled, compiled_backward)
+            report(f"{'x'.join(map(str, shape))} {dtype_name} {variant} {pass_name}", floor_ms, calls["ours_ms"])
+            if args.peers:
+                report("  torch.compile", floor_ms, calls["compile_ms"])
+        copied = torch.empty_like(y)
+        report("  torch copy of x", 2 * y.numel() * y.element_size() / copy, lambda: copied.copy_(y))
+        del x, mask, peer_mask, dy, y, copied
         torch.cuda.empty_cache()
 
 
