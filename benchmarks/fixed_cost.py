@@ -67,8 +67,9 @@ def main():
     one = torch.zeros(1, device=device)
     report("a one-element kernel", None, lambda: one.add_(1))
     for shape, dtype_name, variant in bench.cells(args.grid, args.dtypes, args.variants):
-        x, mask, peer_mask, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
-        dy = torch.randn(shape, generator=generator, device=device, dtype=x.dtype)
+        dtype = getattr(torch, dtype_name)
+        x, mask, peer_mask, is_causal = bench.make_inputs(shape, dtype, variant, device, generator)
+        dy = torch.randn(shape, generator=generator, device=device, dtype=dtype)
         x.requires_grad_()  # as the benchmark times every pass
         compiled = torch.compile(bench.eager_composite, dynamic=False)
         compiled_backward = torch.compile(bench.softmax_backward_composite, dynamic=False)
