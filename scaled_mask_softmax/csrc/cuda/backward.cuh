@@ -228,26 +228,33 @@ constexpr int kRereadWideThreads = 1024;
 // pass 2 reads y and dy again, from L1 where they are still there, and writes dx. A thread holds one vector at a
 // time, where backward_in_registers holds its share of the row across the reduction. No row loop: the count of a
 // loop over the shape's dims, kept across one, spilled 4 bytes at 32 registers (ptxas, sm_90).
-template <typename scalar_t, int VEC, bool kEvenRows, int kThreads = kRereadThreads>
+// kEach (1 or 2): every thread takes exactly that many vectors of each row, and rows are evenly spaced (a one-dim
+// shape, row_starts' kEvenRows), so that neither pass has a loop's bounds to test, as in torch.compile's kernel,
+// which knows the row's length; 0: any row the launch gives it.
+template <typename scalar_t, int VEC, int kEach, int kThreads = kRereadThreads>
 __global__ void __launch_bounds__(kThreads, 2048 / kThreads) backward_reread(const BackwardParams p) {
   using Row = GradientRow<scalar_t, VEC, false, int>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const int cols = static_cast<int>(p.cols);
   const int step = static_cast<int>(blockDim.x) * VEC;
-  const Row g(p, blockIdx.x, std::bool_constant<kEvenRows>{});
+  const int first = static_cast<int>(threadIdx.x) * VEC;
+  const Row g(p, blockIdx.x, std::bool_constant<kEach != 0>{});
+  const auto each_vector = [&](const auto& body) {
+    if constexpr (kEach != 0) {
+#pragma unroll
+      for (int k = 0; k < kEach; ++k) body(first + k * step);
+    } else {
+#pragma unroll 1
+      for (int col = first; col < cols; col += step) body(col);
+    }
+  };
   const PassCaching keep = PassCaching::of(L2Priority::kKeepInL2);
   const PassCaching leave = PassCaching::of(L2Priority::kLeaveL2);
   acc_t local_dot = 0;
-#pragma unroll 1
-  for (int col = static_cast<int>(threadIdx.x) * VEC; col < cols; col += step) {
-    local_dot += g.visible_dot(g.read(col, keep));
-  }
+  each_vector([&](int col) { local_dot += g.visible_dot(g.read(col, keep)); });
   const acc_t row_dot = row_reduce(local_dot, SumOp(), acc_t(0), static_cast<int>(blockDim.x), shared);
-#pragma unroll 1
-  for (int col = static_cast<int>(threadIdx.x) * VEC; col < cols; col += step) {
-    g.store_visible_gradient(col, g.read(col, leave), row_dot);
-  }
+  each_vector([&](int col) { g.store_visible_gradient(col, g.read(col, leave), row_dot); });
 }
 
 // Rows that a block holds in registers, as backward_in_registers, brought into shared memory first as in
