@@ -107,7 +107,8 @@ struct RowOrder {
   int64_t inner = 0;
 
   SMS_HOST_DEVICE int64_t row(int64_t visit) const {
-    // Rows in their own order (inner 0, most launches) take no division before their first load.
+    // Rows in their own order (inner 0, most launches) take no division before their first load: causal forwards
+    // 0.5-1.6% faster, the forward of 4096 columns without a causal limit up to 0.9% slower (v60).
     if (inner == 0) return visit;
     int64_t rest;
     const int64_t quotient = outer.quotient(visit, rest);
