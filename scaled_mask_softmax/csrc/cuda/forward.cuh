@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   for (int64_t visit = cover.first_row(); kGroups ? warp_has_row(visit < p.rows) : visit < p.rows;
        visit += cover.row_step()) {
     const bool stored = !kGroups || visit < p.rows;
-    const int64_t row = p.order.row(stored ? visit : p.rows - 1);
+    const int64_t row = p.order.row<kCausal>(stored ? visit : p.rows - 1);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row, kCausal), cover, reduce,
