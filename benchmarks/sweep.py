@@ -5,8 +5,9 @@
     python benchmarks/sweep.py --table sweep.jsonl
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
-once per run. --table prints a file's cells side by side, a column per tag, the median of its runs.
-scripts/variants.sh sweeps each build in turns, ROUNDS times.
+once per run. --plain times, in place of ours, plain kernels that move the same bytes and compute nothing
+(benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a column per
+tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
 """
 import argparse
 import collections
@@ -15,6 +16,7 @@ import statistics
 
 import torch
 
+import plain
 from scaled_mask_softmax import bench, scaled_mask_softmax
 
 SCALE = 0.125
@@ -55,6 +57,7 @@ def main():
     parser.add_argument("--dtypes", type=bench.comma_list(bench.DTYPES), default=None)
     parser.add_argument("--variants", type=bench.comma_list(tuple(bench.ALL_VARIANTS)), default=None)
     parser.add_argument("--passes", type=bench.comma_list(("fwd", "bwd")), default=["fwd", "bwd"])
+    parser.add_argument("--plain", action="store_true", help="time benchmarks/plain.py's kernels instead of ours")
     parser.add_argument("--device", default="cuda", help="cpu only to try the script")
     args = parser.parse_args()
     if args.table:
@@ -67,10 +70,13 @@ def main():
     out = open(args.out, "a") if args.out else None
     for shape, dtype_name, variant in cells(args):
         x, mask, _, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
-        y = scaled_mask_softmax(x, mask, SCALE, is_causal)
+        y = torch.randn_like(x) if args.plain else scaled_mask_softmax(x, mask, SCALE, is_causal)
         dy = torch.randn_like(y)
-        runs = {"fwd": lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
-                "bwd": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal)}
+        if args.plain:
+            runs = plain.movers(x, mask, is_causal, y, dy)
+        else:
+            runs = {"fwd": lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
+                    "bwd": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal)}
         for pass_name in args.passes:
             ms = bench.median_ms(runs[pass_name], device)
             floor_ms = bench.necessary_bytes_of(pass_name, x, mask, is_causal) / copy

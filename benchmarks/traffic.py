@@ -10,7 +10,7 @@ ceiling that the benchmark's floor divides by. Each mix is a Triton kernel that 
                 causal cells, whose forwards are timed after them)
   read          reads x
   causal copy   each row reads the keys it sees and writes all of y's row: the causal forward's bytes in a plain
-                tiled kernel, without its arithmetic
+                tiled kernel, without its arithmetic (benchmarks/plain.py)
 
 The op's forward, with and without a causal limit, is timed beside the causal copy at each row length. Each is
 timed twice: as the benchmark times (triton's do_bench, whose L2 flush zeroes a buffer before each run, leaving
@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+import plain
 import scaled_mask_softmax as sms
 from scaled_mask_softmax import bench
 
@@ -60,15 +61,6 @@ def read_kernel(x, sums, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     values = tl.load(x + offsets, mask=offsets < n, other=0.0).to(tl.float32)
     tl.store(sums + tl.program_id(0), tl.sum(values))
-
-
-@triton.jit
-def causal_copy_kernel(x, y, rows_per_matrix, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
-    columns = tl.program_id(1) * COLS + tl.arange(0, COLS)[None, :]
-    visible = rows % rows_per_matrix + 1
-    values = tl.load(x + rows * cols + columns, mask=columns < visible, other=0.0)
-    tl.store(y + rows * cols + columns, values, mask=columns < cols)
 
 
 def median_ms_clean_flush(fn):
@@ -135,12 +127,8 @@ def main() -> int:
         scores = x.view(shape)
         out = y.view(shape)
         byte_count = bench.necessary_bytes("fwd", shape, x.element_size(), True)
-        tile_cols = min(BLOCK, cols)
-        tile_rows = BLOCK // tile_cols
-        causal_grid = (matrices * cols // tile_rows, cols // tile_cols)
         report(f"causal copy, {cols} columns", byte_count,
-               both_ways(lambda: causal_copy_kernel[causal_grid](scores, out, cols, cols, ROWS=tile_rows,
-                                                                 COLS=tile_cols)))
+               both_ways(lambda: plain.launch(scores, None, out, plain.COPY, True)))
         for name, is_causal in (("softmax", False), ("causal softmax", True)):
             byte_count = bench.necessary_bytes("fwd", shape, x.element_size(), is_causal)
             report(f"{name}, {cols} columns", byte_count,
