@@ -1,4 +1,5 @@
-"""The check and bench commands on the CPU, and the byte floor, grid and row arithmetic behind bench."""
+"""The check and bench commands on the CPU, the byte floor, grid and row arithmetic behind bench, and the
+benchmarks' own scripts (summary.py, plain.py)."""
 import csv
 import importlib.util
 import json
@@ -173,3 +174,36 @@ def test_summary_figures():
     assert lines[-1] == "  1x1x2x8 bfloat16 none fwd 1.200"
     expected_line = "| 1×1×2×8 | bfloat16 | none | 1.20 | 2.40 | 3.00 | 1.00 | 0.99 | 2.20 | 3.39 |"
     assert summary.markdown_table(rows).splitlines()[-1] == expected_line
+
+
+def test_plain_kernels_move_what_they_say(monkeypatch):
+    """benchmarks/plain.py's kernels (sweep.py --plain), run by Triton's interpreter on the CPU, on the benchmark's
+    masks, against the same arithmetic in float64: each output within an ulp of x's dtype (the interpreter truncates
+    to bf16 where the GPU rounds to nearest), causal rows zero past the 16-byte vectors they read."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read as plain.py's kernel is decorated
+    spec = importlib.util.spec_from_file_location("plain", ROOT / "benchmarks" / "plain.py")
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    generator = torch.Generator().manual_seed(0)
+    # The second shape takes two 4096-column tiles a row.
+    for shape, dtype in (((2, 4, 16, 128), torch.bfloat16), ((1, 1, 4, 8192), torch.float32)):
+        vector = 16 // dtype.itemsize
+        queries, keys = shape[-2:]
+        seen = torch.arange(keys) // vector * vector <= torch.arange(queries)[:, None]
+        for variant in bench.VARIANTS:
+            x, mask, _, is_causal = bench.make_inputs(shape, dtype, variant, torch.device("cpu"), generator)
+            y, dy = (torch.randn(shape, generator=generator).to(dtype) for _ in range(2))
+            forward, backward = x.double(), y.double() * dy.double()
+            if mask is not None and mask.dtype == torch.bool:
+                forward = torch.where(mask, forward, 0.0)
+            elif mask is not None:
+                forward = forward + mask.double()
+            if is_causal:
+                forward, backward = torch.where(seen, forward, 0.0), torch.where(seen, backward, 0.0)
+            movers = plain.movers(x, mask, is_causal, y, dy)
+            for name, expected in (("fwd", forward), ("bwd", backward)):
+                actual = movers[name]()
+                assert actual.dtype == dtype, (variant, name)
+                torch.testing.assert_close(actual.double(), expected, rtol=torch.finfo(dtype).eps, atol=0.0,
+                                           msg=lambda text: f"{shape} {dtype} {variant} {name}: {text}")
