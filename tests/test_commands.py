@@ -1,5 +1,5 @@
 """The check and bench commands on the CPU, the byte floor, grid and row arithmetic behind bench, and the
-benchmarks' own scripts (summary.py, plain.py)."""
+benchmarks' own scripts (summary.py, plain.py, source_profile.py)."""
 import csv
 import importlib.util
 import json
@@ -141,16 +141,17 @@ def test_device_slug():
     assert bench.device_slug("cpu (x86_64)") == "cpu"
 
 
-def load_summary():
-    spec = importlib.util.spec_from_file_location("summary", ROOT / "benchmarks" / "summary.py")
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
-    return summary
+def load_benchmark_script(name):
+    """One of benchmarks/' scripts as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_table_is_the_committed_run():
     """The README's performance table is what benchmarks/summary.py makes of benchmarks/results/h200.json."""
-    summary = load_summary()
+    summary = load_benchmark_script("summary")
     rows = json.loads((ROOT / "benchmarks" / "results" / "h200.json").read_text())
     readme = (ROOT / "README.md").read_text().splitlines()
     first = readme.index(summary.TABLE_HEADER.splitlines()[0])
@@ -160,7 +161,7 @@ def test_readme_table_is_the_committed_run():
 
 
 def test_summary_figures():
-    summary = load_summary()
+    summary = load_benchmark_script("summary")
     row = {"shape": [1, 1, 2, 8], "dtype": "bfloat16", "variant": "none", "error": None, "floor_ms": 1.0,
            "copy_GBps": 4000.0}
     rows = [dict(row, **{"pass": "fwd", "ours_ms": 1.2, "compile_ms": 2.4, "eager_ms": 3.0}),
@@ -182,9 +183,7 @@ def test_plain_kernels_move_what_they_say(monkeypatch):
     to bf16 where the GPU rounds to nearest), causal rows zero past the 16-byte vectors they read."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read as plain.py's kernel is decorated
-    spec = importlib.util.spec_from_file_location("plain", ROOT / "benchmarks" / "plain.py")
-    plain = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plain)
+    plain = load_benchmark_script("plain")
     generator = torch.Generator().manual_seed(0)
     # The second shape takes two 4096-column tiles a row.
     for shape, dtype in (((2, 4, 16, 128), torch.bfloat16), ((1, 1, 4, 8192), torch.float32)):
@@ -207,3 +206,39 @@ def test_plain_kernels_move_what_they_say(monkeypatch):
                 assert actual.dtype == dtype, (variant, name)
                 torch.testing.assert_close(actual.double(), expected, rtol=torch.finfo(dtype).eps, atol=0.0,
                                            msg=lambda text: f"{shape} {dtype} {variant} {name}: {text}")
+
+
+def test_source_profile_summarizes_each_launch(tmp_path, capsys):
+    """benchmarks/source_profile.py on a source page of two launches, as `ncu --page source --csv` writes it."""
+    source_profile = load_benchmark_script("source_profile")
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+              "stall_short_sb", "stall_barrier (Not Issued)"]
+    page = tmp_path / "source.csv"
+    with page.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["Kernel Name", "void first(int)", ""])
+        writer.writerow(header)
+        writer.writerow(["0x0", "      @!P1  LDS.128 R8, [R9]", "30", "3000000", "0", "30", "9"])
+        writer.writerow(["0x10", "      BAR.SYNC.DEFER_BLOCKING 0x0", "10", "1000000", "10", "0", "9"])
+        writer.writerow(["0x20", "      EXIT", "-", "-", "-", "-", "-"])
+        writer.writerow(["Kernel Name", "void second(int)", ""])
+        writer.writerow(header)
+        writer.writerow(["0x0", "      FADD R1, R2, R3", "5", "100", "0", "5", "0"])
+
+    source_profile.main([str(page), "--top", "1"])
+    first, second = capsys.readouterr().out.split("\n\n")
+    assert first.splitlines()[:5] == [
+        "void first(int)",
+        "  warp instructions executed 4.0 M, warp-stall samples 40",
+        "  stalls: short_sb 75.0%, barrier 25.0%",
+        "  opcodes by instructions: LDS 75.0%, BAR 25.0%",
+        "  opcodes by samples: LDS 75.0%, BAR 25.0%"]
+    assert first.splitlines()[-1].split()[:4] == ["0", "75.00%", "3000000", "@!P1"]
+    assert first.splitlines()[-1].endswith("(short_sb 30)")
+    assert second.startswith("void second(int)\n  warp instructions executed 0.0 M, warp-stall samples 5")
+
+    source_profile.main([str(page), "--kernel", "1"])
+    assert capsys.readouterr().out.startswith("void second(int)")
+    with pytest.raises(SystemExit):
+        source_profile.main([str(page), "--kernel", "2"])
+    assert "--kernel must be below 2" in capsys.readouterr().err
