@@ -58,7 +58,8 @@ def shares(counter, total, count):
 
 def summarize(name, rows, top):
     executed = sum(number(r, EXECUTED) for r in rows)
-    samples = sum(number(r, SAMPLES) for r in rows) or 1.0
+    samples = sum(number(r, SAMPLES) for r in rows)
+    shares_of = samples or 1.0  # a launch with no samples shows none, not a division by zero
     stalls = stall_columns(rows)
     by_reason = collections.Counter({c[len(STALL_PREFIX):]: sum(number(r, c) for r in rows) for c in stalls})
     by_opcode_executed, by_opcode_samples = collections.Counter(), collections.Counter()
@@ -68,16 +69,16 @@ def summarize(name, rows, top):
         by_opcode_samples[op] += number(row, SAMPLES)
     lines = [name,
              f"  warp instructions executed {executed / 1e6:.1f} M, warp-stall samples {samples:.0f}",
-             f"  stalls: {shares(by_reason, samples, len(by_reason))}",
+             f"  stalls: {shares(by_reason, shares_of, len(by_reason))}",
              f"  opcodes by instructions: {shares(by_opcode_executed, executed or 1.0, 20)}",
-             f"  opcodes by samples: {shares(by_opcode_samples, samples, 12)}",
+             f"  opcodes by samples: {shares(by_opcode_samples, shares_of, 12)}",
              "  line  samples  executed  instruction  (main stall reasons)"]
     hottest = sorted(range(len(rows)), key=lambda i: -number(rows[i], SAMPLES))[:top]
     for i in hottest:
         row = rows[i]
         reasons = sorted(((number(row, c), c[len(STALL_PREFIX):]) for c in stalls), reverse=True)[:3]
         reasons_text = " ".join(f"{reason} {value:.0f}" for value, reason in reasons if value)
-        lines.append(f"  {i:5d} {100 * number(row, SAMPLES) / samples:6.2f}% {number(row, EXECUTED):9.0f}  "
+        lines.append(f"  {i:5d} {100 * number(row, SAMPLES) / shares_of:6.2f}% {number(row, EXECUTED):9.0f}  "
                      f"{row['Source'].strip()[:56]:56s} ({reasons_text})")
     return "\n".join(lines)
 
