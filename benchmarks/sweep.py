@@ -71,11 +71,12 @@ def main():
     out = open(args.out, "a") if args.out else None
     for shape, dtype_name, variant in cells(args):
         x, mask, _, is_causal = bench.make_inputs(shape, getattr(torch, dtype_name), variant, device, generator)
-        y = torch.randn_like(x) if args.plain else scaled_mask_softmax(x, mask, SCALE, is_causal)
-        dy = torch.randn_like(y)
         if args.plain:
+            y, dy = torch.randn_like(x), torch.randn_like(x)
             runs = plain.movers(x, mask, is_causal, y, dy)
         else:
+            y = scaled_mask_softmax(x, mask, SCALE, is_causal)
+            dy = torch.randn_like(y)
             runs = {"fwd": lambda: scaled_mask_softmax(x, mask, SCALE, is_causal),
                     "bwd": lambda: torch.ops.scaled_mask_softmax.backward(y, dy, SCALE, is_causal)}
         for pass_name in args.passes:

@@ -20,11 +20,11 @@ ncu --clock-control none --kernel-name-base demangled \
     --launch-skip "${SKIP:-3}" --launch-count 1 "${sections[@]}" ${NCU_ARGS:-} \
     python3 benchmarks/sweep.py --tag profile "$@" >"$OUT/profile.txt" 2>&1
 code=$?
-[ "${SOURCE:-0}" = 1 ] && ncu -i "$OUT/profile.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
-echo "profile: exit $code | $(grep -m1 -E '^ +Duration' "$OUT/profile.txt")"
 if [ "${SOURCE:-0}" = 1 ]; then
+  ncu -i "$OUT/profile.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
   ncu -i "$OUT/profile.ncu-rep" --page source --csv --print-source sass | gzip >"$OUT/source.csv.gz"
   python3 benchmarks/source_profile.py "$OUT/source.csv.gz" >"$OUT/source.txt" 2>&1
   echo "source: exit $? | $(head -n 2 "$OUT/source.txt" | tail -n 1)"
   rm -f "$OUT/profile.ncu-rep"
 fi
+echo "profile: exit $code | $(grep -m1 -E '^ +Duration' "$OUT/profile.txt")"
