@@ -48,8 +48,9 @@ def opcode(source):
 
 
 def stall_columns(rows):
-    """The stall reasons of all samples (not the not-issued ones), as their columns are named."""
-    return [c for c in rows[0] if c.startswith(STALL_PREFIX) and "Not Issued" not in c] if rows else []
+    """{reason: its column} for the stall reasons of all samples (not the not-issued ones)."""
+    columns = rows[0] if rows else {}
+    return {c[len(STALL_PREFIX):]: c for c in columns if c.startswith(STALL_PREFIX) and "Not Issued" not in c}
 
 
 def shares(counter, total, count):
@@ -57,16 +58,16 @@ def shares(counter, total, count):
 
 
 def summarize(name, rows, top):
-    executed = sum(number(r, EXECUTED) for r in rows)
-    samples = sum(number(r, SAMPLES) for r in rows)
-    shares_of = samples or 1.0  # a launch with no samples shows none, not a division by zero
     stalls = stall_columns(rows)
-    by_reason = collections.Counter({c[len(STALL_PREFIX):]: sum(number(r, c) for r in rows) for c in stalls})
+    by_reason = collections.Counter({reason: sum(number(r, c) for r in rows) for reason, c in stalls.items()})
     by_opcode_executed, by_opcode_samples = collections.Counter(), collections.Counter()
     for row in rows:
         op = opcode(row["Source"])
         by_opcode_executed[op] += number(row, EXECUTED)
         by_opcode_samples[op] += number(row, SAMPLES)
+    executed = sum(by_opcode_executed.values())
+    samples = sum(by_opcode_samples.values())
+    shares_of = samples or 1.0  # a launch with no samples shows none, not a division by zero
     lines = [name,
              f"  warp instructions executed {executed / 1e6:.1f} M, warp-stall samples {samples:.0f}",
              f"  stalls: {shares(by_reason, shares_of, len(by_reason))}",
@@ -76,7 +77,7 @@ def summarize(name, rows, top):
     hottest = sorted(range(len(rows)), key=lambda i: -number(rows[i], SAMPLES))[:top]
     for i in hottest:
         row = rows[i]
-        reasons = sorted(((number(row, c), c[len(STALL_PREFIX):]) for c in stalls), reverse=True)[:3]
+        reasons = sorted(((number(row, c), reason) for reason, c in stalls.items()), reverse=True)[:3]
         reasons_text = " ".join(f"{reason} {value:.0f}" for value, reason in reasons if value)
         lines.append(f"  {i:5d} {100 * number(row, SAMPLES) / shares_of:6.2f}% {number(row, EXECUTED):9.0f}  "
                      f"{row['Source'].strip()[:56]:56s} ({reasons_text})")
