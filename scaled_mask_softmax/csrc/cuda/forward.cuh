@@ -181,7 +181,7 @@ constexpr bool kIn64Registers =
 // exponential more a thread and a few more in each step of the reduction. Otherwise the row's max is reduced
 // first and the sum after.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, bool kOneReduction,
-          bool kConvertFirst = true, typename Loader, typename Reduce>
+          typename Loader, typename Reduce>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, Reduce&& reduce,
                                                      scalar_t* y, int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -254,22 +254,13 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   // six instructions a vector where LEA and LEA.HI.X of the column do), as row_address says of the loads.
   // Only for 16-byte vectors, whose stores say they are global (store_bits); element-wise ones would turn generic.
   if constexpr (VEC * sizeof(scalar_t) == 16) y = row_address(y);
-  // kConvertFirst: every vector converted, in registers of its own, before any is stored. Left to itself, the
-  // compiler converts each vector at its store into the registers of the one before, and so waits for that store to
-  // read them (SASS, sm_90). Rows in clusters measured 1-4% faster, short causal rows about 1%
-  // (benchmarks/NOTES.md, v76).
-  Vector<scalar_t, VEC> results[ITERS];
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
+    const int col = column(i);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
-    results[i] = converted<scalar_t>(s[i]);
-    if constexpr (kConvertFirst) form_here(results[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < ITERS; ++i) {
     // Not streamed (store_bits): stored plain, rows of 128-65,536 columns measured up to 2.2% faster (v57).
-    if (column(i) < store_end) store_bits<VEC, /*kEvictFirst=*/false>(y, column(i), results[i]);
+    if (col < store_end) store_vector<VEC, /*kEvictFirst=*/false>(y, col, s[i]);
   }
 }
 
@@ -378,9 +369,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
     ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row, /*causal=*/false);
     loader.start_at(begin);
     loader.clip(width);
-    // Not kConvertFirst with a 16-bit mask at kTargetIters: it spilled 8 bytes at 64 registers (ptxas, sm_90).
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, false>, false,
-                         kOneReduction, !(ITERS == kTargetIters && mask_bytes_v<mask_t> == 2)>(
+                         kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   });
 }
