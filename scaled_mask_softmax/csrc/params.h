@@ -136,6 +136,9 @@ struct ForwardParams {
   double scale;
   // y holds zeros already (zeroed_first): only the keys a row sees are written.
   bool output_zeroed = false;
+  // A zeroed counter from which forward_staged's blocks draw their rows in order (for_each_drawn_row), set at its
+  // launch.
+  unsigned long long* next_row = nullptr;
 };
 
 // dx = scale * y * (dy - sum(dy * y)) over rows of `cols` elements; dx is contiguous.

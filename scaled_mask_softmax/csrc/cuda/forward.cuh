@@ -306,10 +306,11 @@ __device__ __forceinline__ auto staged_scores(const ForwardParams& p, const unsi
 }
 
 // Rows that a block holds in registers, as forward_in_registers, but brought into shared memory first by the copy
-// engine (for_each_staged_row: each row's visible vectors of x and mask, 16 bytes each, in one or two bulk copies)
-// a row ahead. A block's next row is then on its way while it works on this one, where the register kernel's block
-// has nothing in flight between its last load of one row and its first of the next. Every mask row must start
-// 16-byte aligned and span whole 16-byte words (launch_forward_staged).
+// engine (each row's visible vectors of x and mask, 16 bytes each, in one or two bulk copies) a row ahead, in a
+// persistent grid whose blocks draw their rows in order (for_each_drawn_row; p.next_row). A block's next row is then
+// on its way while it works on this one, where the register kernel's block has nothing in flight between its last
+// load of one row and its first of the next. Every mask row must start 16-byte aligned and span whole 16-byte words
+// (launch_forward_staged).
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   forward_min_blocks<scalar_t, mask_t, VEC, ITERS>)
@@ -331,8 +332,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   };
   const RowCover cover(blockDim.x);
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize);
-  for_each_staged_row<kStagedRows>(blockIdx.x, gridDim.x, p.rows, stage_bytes, mask_offset, locate,
-                                   [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
+  for_each_drawn_row<kStagedRows>(p.next_row, p.rows, stage_bytes, mask_offset, locate,
+                                  [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
     // The row is in registers once the block's first reduction is through its barrier: the stage takes the row
     // after next then, not after this row's stores (16-bit rows of 16,384 columns 0.4-0.8% faster, causal ones of
     // 8192 2%; forward_staged_in_cluster, which leaves it to the loop, lost 1-6% so: benchmarks/NOTES.md, v29).

@@ -99,22 +99,84 @@ __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step,
   }
 }
 
+// for_each_staged_row over rows drawn from `next_row`, a zeroed counter that every block of the grid draws from: a
+// block draws each row as it sends for it, kStages rows ahead (the draw's round trip hides behind the rows in
+// flight), so the grid takes rows in order, whichever blocks are ahead. Blocks that take rows by stride drift apart:
+// in a skeleton of forward_staged's traffic their ends spread over 150-290 us of a 275 us kernel, and drawn rows
+// moved 4-6% more; forward_staged at 16,384 bf16 columns measured 1.114 -> 1.031 of the floor, causal at 4096
+// 1.215 -> 1.107 (benchmarks/NOTES.md, v81). The drawn rows wait in a ring of kStages + 1 slots in shared memory,
+// each written kStages visits before it is read, a body's barriers between.
+template <int kStages, typename Locate, typename Body>
+__device__ __forceinline__ void for_each_drawn_row(unsigned long long* next_row, int64_t rows, int64_t stage_bytes,
+                                                   int64_t second_offset, Locate&& locate, Body&& body) {
+  extern __shared__ __align__(128) unsigned char stages[];
+  __shared__ uint64_t landed[kStages];
+  __shared__ StagedCopy ahead;
+  __shared__ int64_t visits[kStages + 1];
+  const bool leader = threadIdx.x == 0;
+  const auto draw = [&] { return static_cast<int64_t>(atomicAdd(next_row, 1ull)); };
+  if (leader) {
+    for (int stage = 0; stage < kStages; ++stage) barrier_init(&landed[stage], 1);
+    barrier_init_fence();
+    for (int stage = 0; stage < kStages; ++stage) {
+      visits[stage] = draw();
+      if (visits[stage] < rows) {
+        send_for(locate(visits[stage]), stages + stage * stage_bytes, second_offset, &landed[stage]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int k = 0;; ++k) {
+    // A block's draws only grow: once one is past the last row, every later one is too.
+    const int64_t visit = visits[k % (kStages + 1)];
+    if (visit >= rows) break;
+    bool more = false;
+    if (leader) {
+      const int64_t later = draw();
+      visits[(k + kStages) % (kStages + 1)] = later;
+      more = later < rows;
+      if (more) ahead = locate(later);
+    }
+    const int stage = k % kStages;
+    barrier_wait(&landed[stage], (k / kStages) & 1);
+    bool sent = false;
+    const auto send_ahead = [&] {
+      if (more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+      sent = true;
+    };
+    body(visit, stages + stage * stage_bytes, send_ahead);
+    if (kStages > 1 && !sent) {
+      __syncthreads();
+      send_ahead();
+    }
+  }
+}
+
 #endif
 
 // Launches kernel(p), a staged kernel of `threads` threads a block and `bytes` of shared memory for its stages, in a
 // persistent grid, where register_kernel, the kernel that would take the rows otherwise, fits at most
 // `max_register_blocks` blocks a multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory
-// leaves a multiprocessor as many blocks as register_kernel's registers do; false otherwise.
-template <typename Params, typename... Args>
+// leaves a multiprocessor as many blocks as register_kernel's registers do; false otherwise. prepare(params) completes
+// a copy of p just before the launch.
+template <typename Params, typename... Args, typename Prepare>
 bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
-                   int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
+                   int64_t bytes, cudaStream_t stream, int max_register_blocks, Prepare&& prepare) {
   const int register_blocks = resident_sm90_blocks(register_kernel, threads, 0);
   if (register_blocks > max_register_blocks) return false;
   const int staged_blocks = resident_sm90_blocks(kernel, threads, bytes);
   if (staged_blocks == 0 || staged_blocks < register_blocks) return false;
   const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
-  kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), threads, bytes, stream>>>(p);
+  Params params = p;
+  prepare(params);
+  kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), threads, bytes, stream>>>(params);
   return true;
+}
+
+template <typename Params, typename... Args>
+bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
+                   int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
+  return launch_staged(kernel, register_kernel, p, threads, bytes, stream, max_register_blocks, [](Params&) {});
 }
 
 }  // namespace sms
