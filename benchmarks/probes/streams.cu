@@ -260,6 +260,7 @@ __global__ void __launch_bounds__(U >= 8 ? 256 : 1024)
 
 cudaEvent_t e0, e1;
 unsigned* counter;
+int multiprocessors;
 const long kVecs = (512L << 20) / 16;
 
 template <typename Launch>
@@ -294,7 +295,7 @@ void rows(const int4* in, int4* out, int threads, int per_sm_wanted, bool staged
   char name[128];
   snprintf(name, sizeof name, "%s C=%d T=%d U=%d %d/SM", staged ? "staged" : "registers", vecs * 8, threads, U,
            per_sm);
-  const int grid = per_sm * 132 < rows ? per_sm * 132 : rows;
+  const int grid = per_sm * multiprocessors < rows ? per_sm * multiprocessors : rows;
   time_it(name, [&] { kernel<<<grid, threads, smem>>>(in, out, rows, vecs); });
 }
 
@@ -310,7 +311,7 @@ void tickets(const int4* in, int4* out, int threads, int per_sm) {
   char name[64]; snprintf(name, sizeof name, "copy ticket T=%d U=%d %d/SM", threads, U, per_sm);
   time_it(name, [&] {
     cudaMemsetAsync(counter, 0, 4);
-    copy_ticket<U><<<132 * per_sm, threads, smem>>>(in, out, kVecs, counter);
+    copy_ticket<U><<<multiprocessors * per_sm, threads, smem>>>(in, out, kVecs, counter);
   });
 }
 
@@ -331,7 +332,7 @@ void row_variants(const int4* in, int4* out, int threads, int per_sm) {
   snprintf(name, sizeof name, "registers C=%d T=%d U=%d ticket %d/SM", vecs * 8, threads, U, per_sm);
   time_it(name, [&] {
     cudaMemsetAsync(counter, 0, 4);
-    rows_ticket<U><<<132 * per_sm, threads, smem>>>(in, out, row_count, vecs, counter);
+    rows_ticket<U><<<multiprocessors * per_sm, threads, smem>>>(in, out, row_count, vecs, counter);
   });
   rows<U>(in, out, threads, per_sm, false);
 }
@@ -360,7 +361,7 @@ void softmax(const int4* in, int4* out, int threads) {
            attributes.numRegs, per_sm);
   time_it(name, [&] { softmax_rows<U><<<row_count, threads>>>(src, dst, row_count, vecs, 0.18f); });
   snprintf(name, sizeof name, "softmax C=%d T=%d U=%d persistent %d/SM", vecs * 8, threads, U, per_sm);
-  time_it(name, [&] { softmax_rows<U><<<132 * per_sm, threads>>>(src, dst, row_count, vecs, 0.18f); });
+  time_it(name, [&] { softmax_rows<U><<<multiprocessors * per_sm, threads>>>(src, dst, row_count, vecs, 0.18f); });
 }
 
 template <int U>
@@ -372,7 +373,7 @@ void staged_tickets(const int4* in, int4* out, int threads, int per_sm) {
   snprintf(name, sizeof name, "staged ticket C=%d T=%d U=%d %d/SM", vecs * 8, threads, U, resident_blocks);
   time_it(name, [&] {
     cudaMemsetAsync(counter, 0, 4);
-    rows_staged_ticket<U><<<132 * resident_blocks, threads, smem>>>(in, out, row_count, vecs, counter);
+    rows_staged_ticket<U><<<multiprocessors * resident_blocks, threads, smem>>>(in, out, row_count, vecs, counter);
   });
 }
 
@@ -403,7 +404,7 @@ void block_ends(const int4* in, int4* out, int threads, int per_sm) {
   const int vecs = threads * U, row_count = (int)(kVecs / vecs);
   const int smem = 220 * 1024 / per_sm;
   resident(rows_timed<U>, threads, smem);
-  const int grid = 132 * per_sm;
+  const int grid = multiprocessors * per_sm;
   unsigned long long* ends;
   cudaMallocManaged(&ends, grid * 2 * sizeof(unsigned long long));
   unsigned long long start;
@@ -433,20 +434,21 @@ int main() {
   cudaMalloc(&out, kVecs * 16);
   cudaMalloc(&counter, 4);
   fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(in), kVecs * 4);
+  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0);
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   time_it("cudaMemcpyAsync", [&] { cudaMemcpyAsync(out, in, kVecs * 16, cudaMemcpyDeviceToDevice); });
   time_it("memset alone (4 bytes)", [&] { cudaMemsetAsync(counter, 0, 4); });
   // Plain copies: persistent on some or all multiprocessors; one tile a block; tiles drawn in order.
   copy_on(in, out, 120, 1);
-  copy_on(in, out, 132, 1);
+  copy_on(in, out, multiprocessors, 1);
   copy_on(in, out, 120, 8);
   for (int per_sm : {1, 2, 4, 8}) {
     const int smem = 220 * 1024 / per_sm;
     resident(copy_stride<8>, 256, smem);
     char name[64];
     snprintf(name, sizeof name, "copy stride T=256 U=8 %d/SM", per_sm);
-    time_it(name, [&] { copy_stride<8><<<132 * per_sm, 256, smem>>>(in, out, kVecs); });
+    time_it(name, [&] { copy_stride<8><<<multiprocessors * per_sm, 256, smem>>>(in, out, kVecs); });
   }
   tiles<1>(in, out, 256);
   tiles<2>(in, out, 128);
