@@ -321,23 +321,7 @@ void tiles(const int4* in, int4* out, int threads) {
   time_it(name, [&] { copy_stride<U><<<(unsigned)(kVecs / (threads * U)), threads>>>(in, out, kVecs); });
 }
 
-template <int U>
-void row_variants(const int4* in, int4* out, int threads, int per_sm) {
-  const int vecs = threads * U, row_count = (int)(kVecs / vecs);
-  char name[96];
-  snprintf(name, sizeof name, "registers C=%d T=%d U=%d one row a block", vecs * 8, threads, U);
-  time_it(name, [&] { rows_in_registers<U><<<row_count, threads>>>(in, out, row_count, vecs); });
-  const int smem = 220 * 1024 / per_sm;
-  resident(rows_ticket<U>, threads, smem);
-  snprintf(name, sizeof name, "registers C=%d T=%d U=%d ticket %d/SM", vecs * 8, threads, U, per_sm);
-  time_it(name, [&] {
-    cudaMemsetAsync(counter, 0, 4);
-    rows_ticket<U><<<multiprocessors * per_sm, threads, smem>>>(in, out, row_count, vecs, counter);
-  });
-  rows<U>(in, out, threads, per_sm, false);
-}
-
-// Non-persistent row skeletons held to `per_sm` blocks a multiprocessor by shared memory.
+// Non-persistent row skeletons held to `per_sm` blocks a multiprocessor by shared memory (0: not held).
 template <int U>
 void one_row_a_block(const int4* in, int4* out, int threads, int per_sm) {
   const int vecs = threads * U, row_count = (int)(kVecs / vecs);
@@ -346,6 +330,21 @@ void one_row_a_block(const int4* in, int4* out, int threads, int per_sm) {
   char name[96];
   snprintf(name, sizeof name, "skeleton C=%d T=%d U=%d one row a block, %d/SM", vecs * 8, threads, U, resident_blocks);
   time_it(name, [&] { rows_in_registers<U><<<row_count, threads, smem>>>(in, out, row_count, vecs); });
+}
+
+template <int U>
+void row_variants(const int4* in, int4* out, int threads, int per_sm) {
+  const int vecs = threads * U, row_count = (int)(kVecs / vecs);
+  one_row_a_block<U>(in, out, threads, 0);
+  char name[96];
+  const int smem = 220 * 1024 / per_sm;
+  resident(rows_ticket<U>, threads, smem);
+  snprintf(name, sizeof name, "registers C=%d T=%d U=%d ticket %d/SM", vecs * 8, threads, U, per_sm);
+  time_it(name, [&] {
+    cudaMemsetAsync(counter, 0, 4);
+    rows_ticket<U><<<multiprocessors * per_sm, threads, smem>>>(in, out, row_count, vecs, counter);
+  });
+  rows<U>(in, out, threads, per_sm, false);
 }
 
 template <int U>
