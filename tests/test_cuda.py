@@ -233,9 +233,10 @@ def test_staged_rows_on_two_gpus():
 
 
 # (1, 4, 262144): four queries see so few keys of rows so long that y and dx are zeroed by a memset before their
-# kernels. (4, 64, 4096) without a mask: causal bf16 rows that forward_staged takes, whose blocks draw their rows from
-# a counter zeroed before each launch.
-@pytest.mark.parametrize("shape, with_mask", [((8, 16, 128), True), ((1, 4, 262144), True), ((4, 64, 4096), False)])
+# kernels. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows from a counter
+# zeroed before each launch: forward_staged's (4, 64, 4096), backward_staged's (2, 8, 16384).
+@pytest.mark.parametrize("shape, with_mask", [((8, 16, 128), True), ((1, 4, 262144), True), ((4, 64, 4096), False),
+                                              ((2, 8, 16384), False)])
 def test_cuda_graph_capture_and_replay(shape, with_mask):
     x = random_scores(shape, torch.bfloat16, "cuda").requires_grad_()
     mask = torch.zeros(shape[-2:], dtype=torch.bfloat16, device="cuda") if with_mask else None

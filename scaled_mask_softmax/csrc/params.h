@@ -136,8 +136,8 @@ struct ForwardParams {
   double scale;
   // y holds zeros already (zeroed_first): only the keys a row sees are written.
   bool output_zeroed = false;
-  // A zeroed counter from which forward_staged's blocks draw their rows in order (for_each_drawn_row), set at its
-  // launch.
+  // A zeroed counter from which forward_staged's blocks draw their rows in order (for_each_drawn_row), set by
+  // launch_staged.
   unsigned long long* next_row = nullptr;
 };
 
@@ -158,6 +158,8 @@ struct BackwardParams {
   double scale;
   // As in ForwardParams, for dx.
   bool output_zeroed = false;
+  // As in ForwardParams, for backward_staged.
+  unsigned long long* next_row = nullptr;
 };
 
 // One past the last key that row `row` may see: the keys [0, visible_end) take part in its softmax.

@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) backward_reread(con
 
 // Rows that a block holds in registers, as backward_in_registers, brought into shared memory first as in
 // forward_staged (each row's visible vectors of y and dy, in two bulk copies) but in one stage, into which the next
-// row is sent for once the row is in registers (for_each_staged_row): two stages of y and dy left 16-bit rows
-// of 16,384 columns one block a multiprocessor, where the register kernel fits two.
+// row is sent for once the row is in registers, the rows drawn in order (for_each_drawn_row): two stages of y and dy
+// left 16-bit rows of 16,384 columns one block a multiprocessor, where the register kernel fits two.
 template <typename scalar_t, int VEC, int ITERS, bool kCausal>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, backward_min_blocks<scalar_t, VEC, ITERS>)
     backward_staged(const BackwardParams p) {
@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, ba
   };
   const RowCover cover(blockDim.x);
   const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), sizeof(scalar_t));
-  for_each_staged_row<1>(blockIdx.x, gridDim.x, p.rows, stage_bytes, dy_offset, locate,
-                         [&](int64_t row, unsigned char* stage, const auto& send_ahead) {
+  for_each_drawn_row<1>(p.next_row, p.rows, stage_bytes, dy_offset, locate,
+                        [&](int64_t row, unsigned char* stage, const auto& send_ahead) {
     const Row g(p, row, reinterpret_cast<const scalar_t*>(stage), reinterpret_cast<const scalar_t*>(stage + dy_offset));
     gradient_in_registers<VEC, ITERS>(g, cover, [&](acc_t value, auto op, acc_t identity) {
       const acc_t result = row_reduce(value, op, identity, blockDim.x, shared);

@@ -60,17 +60,10 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
   } else {
     if (plan.width != plan.threads || !mask_rows_in_words<mask_t>(p)) return false;
     const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
-    // The counter from which the kernel's blocks draw their rows (for_each_drawn_row), one a launch.
-    at::Tensor next_row;
     return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
                          forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
                          kStagedRows * stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
-                         long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks, [&](ForwardParams& q) {
-      int device = 0;
-      C10_CUDA_CHECK(cudaGetDevice(&device));
-      next_row = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
-      q.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
-    });
+                         long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
   }
 }
 

@@ -2,6 +2,7 @@
 // the persistent loop of the staged kernels, and their launch.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
@@ -155,28 +156,25 @@ __device__ __forceinline__ void for_each_drawn_row(unsigned long long* next_row,
 #endif
 
 // Launches kernel(p), a staged kernel of `threads` threads a block and `bytes` of shared memory for its stages, in a
-// persistent grid, where register_kernel, the kernel that would take the rows otherwise, fits at most
-// `max_register_blocks` blocks a multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory
-// leaves a multiprocessor as many blocks as register_kernel's registers do; false otherwise. prepare(params) completes
-// a copy of p just before the launch.
-template <typename Params, typename... Args, typename Prepare>
+// persistent grid whose blocks draw their rows from a counter zeroed for the launch (p.next_row: for_each_drawn_row),
+// where register_kernel, the kernel that would take the rows otherwise, fits at most `max_register_blocks` blocks a
+// multiprocessor, the device runs kernel's sm_90 code, and kernel's shared memory leaves a multiprocessor as many
+// blocks as register_kernel's registers do; false otherwise.
+template <typename Params, typename... Args>
 bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
-                   int64_t bytes, cudaStream_t stream, int max_register_blocks, Prepare&& prepare) {
+                   int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
   const int register_blocks = resident_sm90_blocks(register_kernel, threads, 0);
   if (register_blocks > max_register_blocks) return false;
   const int staged_blocks = resident_sm90_blocks(kernel, threads, bytes);
   if (staged_blocks == 0 || staged_blocks < register_blocks) return false;
   const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const at::Tensor next_row = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
   Params params = p;
-  prepare(params);
+  params.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
   kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), threads, bytes, stream>>>(params);
   return true;
-}
-
-template <typename Params, typename... Args>
-bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args...), const Params& p, int threads,
-                   int64_t bytes, cudaStream_t stream, int max_register_blocks = kStagedMaxBlocks) {
-  return launch_staged(kernel, register_kernel, p, threads, bytes, stream, max_register_blocks, [](Params&) {});
 }
 
 }  // namespace sms
