@@ -53,6 +53,20 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* destination, const voi
                : "memory");
 }
 
+// Where `p` (in this block's shared memory) lies in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ uint32_t in_cluster_block(const void* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
+  return remote;
+}
+
+// Stores `value` at `remote` (in_cluster_block) and counts its 8 bytes on the barrier `remote_barrier` there.
+__device__ __forceinline__ void send_to_cluster_block(uint32_t remote, uint64_t value, uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(remote),
+               "r"(static_cast<uint32_t>(value)), "r"(static_cast<uint32_t>(value >> 32)), "r"(remote_barrier)
+               : "memory");
+}
+
 #endif
 
 }  // namespace sms

@@ -80,6 +80,13 @@ constexpr int kMostStagedBlocks = kClusterForwardsMask<mask_t> ? kMaxClusterBloc
 // measured 1.17-1.22 -> 1.06 of the floor (benchmarks/NOTES.md, v49).
 constexpr int kOneStageBlocks = 8;
 
+// Clusters of at most this many blocks draw their rows in order (forward_staged_in_cluster's kDrawn). bf16 rows of
+// 65,536 columns without a mask, in clusters of two blocks, measured 1.105-1.123 -> 1.054-1.066 of the floor: clusters
+// that take rows by stride drift apart and end apart. In larger clusters the first block tells every block each row,
+// and that warp's bookkeeping holds up the others at each row's reduction: clusters of four with a bf16 bias 1.014 ->
+// 1.112, of eight at 262,144 columns 1.18 -> 1.21 (benchmarks/NOTES.md, v83 and v84).
+constexpr int kMostDrawnClusterBlocks = 2;
+
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
 // half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
 // to kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks
@@ -108,14 +115,20 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
     const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
     if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
     const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
-    const auto launch = [&](auto kernel, int stages) {
-      return launch_clusters(kernel, p, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
+    const auto launch = [&](auto kernel, const ForwardParams& params, int stages) {
+      return launch_clusters(kernel, params, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
     };
     // Only rows whose two stages may take more than kOneStageBlocks blocks take one stage.
     if constexpr (kMostStagedBlocks<mask_t> > kOneStageBlocks) {
-      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1>, 1);
+      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1, false>, p, 1);
     }
-    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows>, kStagedRows);
+    if (blocks_per_row <= kMostDrawnClusterBlocks) {
+      const at::Tensor next_row = zeroed_row_counter();
+      ForwardParams drawn = p;
+      drawn.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
+      return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, true>, drawn, kStagedRows);
+    }
+    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, false>, p, kStagedRows);
   }
 }
 

@@ -383,8 +383,9 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
 // state spilled 8-36 bytes (ptxas, sm_90, 16-bit rows with a mask). A persistent grid of clusters. Every slice of a
 // mask row must start 16-byte aligned and span whole 16-byte words (launch_forward_staged_in_cluster).
 // kStages: 2, or 1 where two stages would need clusters of 16; the one stage then takes the next row as soon as the
-// slice is in registers (after the block's reduction), as forward_staged's stages do.
-template <typename scalar_t, typename mask_t, int VEC, int kStages>
+// slice is in registers (after the block's reduction), as forward_staged's stages do. kDrawn: the clusters draw their
+// rows in order (for_each_cluster_drawn_row; p.next_row) rather than by stride.
+template <typename scalar_t, typename mask_t, int VEC, int kStages, bool kDrawn>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>, 1)
     forward_staged_in_cluster(const ForwardParams p, const int blocks_per_row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -411,8 +412,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   int round = 0;
   exchange.start();
   const int64_t stage_bytes = stage_bytes_for(widest, sizeof(scalar_t), kMaskSize);
-  for_each_staged_row<kStages>(slice.first_row(), slice.row_step(), p.rows, stage_bytes, mask_offset, locate,
-                               [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
+  const auto work_on_row = [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
     const auto reduce = [&](Value value, auto op, Value identity) {
       const Value block = row_reduce(value, op, identity, blockDim.x, shared);
       if constexpr (kStages == 1) send_ahead();
@@ -425,7 +425,14 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
     const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);
     softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
-  });
+  };
+  if constexpr (kDrawn) {
+    for_each_cluster_drawn_row<kStages>(p.next_row, p.rows, blocks_per_row, stage_bytes, mask_offset, locate,
+                                        work_on_row);
+  } else {
+    for_each_staged_row<kStages>(slice.first_row(), slice.row_step(), p.rows, stage_bytes, mask_offset, locate,
+                                 work_on_row);
+  }
   exchange.finish();
 #endif
 }

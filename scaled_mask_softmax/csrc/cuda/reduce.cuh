@@ -46,13 +46,6 @@ struct ClusterExchange {
   T slots[2][kMaxRanks];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Where `p` (in this block's shared memory) lies in the shared memory of the cluster's block `rank`.
-  static __device__ __forceinline__ uint32_t in_block(const void* p, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(p)), "r"(rank));
-    return remote;
-  }
-
   static __device__ __forceinline__ void cluster_barrier() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
   }
@@ -79,8 +72,8 @@ struct ClusterExchange {
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     if (threadIdx.x == 0) barrier_arrive_expecting(&arrived[set], static_cast<uint32_t>(blocks * sizeof(T)));
     if (threadIdx.x < blocks) {
-      const uint32_t slot = in_block(&slots[set][rank], threadIdx.x);
-      const uint32_t barrier = in_block(&arrived[set], threadIdx.x);
+      const uint32_t slot = in_cluster_block(&slots[set][rank], threadIdx.x);
+      const uint32_t barrier = in_cluster_block(&arrived[set], threadIdx.x);
       uint32_t words[sizeof(T) / 4];
       memcpy(words, &value, sizeof(T));
       if constexpr (sizeof(T) == 4) {

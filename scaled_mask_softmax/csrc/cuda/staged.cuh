@@ -100,6 +100,27 @@ __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step,
   }
 }
 
+// The k-th visit of a loop over drawn rows, its row `visit` known: waits for the row's copies to land in its stage,
+// calls body, and sends for the row kStages visits on (`ahead`, where `more`: the sending thread's) into the same
+// stage once every thread is done with it, as for_each_staged_row does.
+template <int kStages, typename Body>
+__device__ __forceinline__ void work_on_stage(int64_t visit, int k, bool more, const StagedCopy& ahead,
+                                              unsigned char* stages, int64_t stage_bytes, int64_t second_offset,
+                                              uint64_t (&landed)[kStages], Body&& body) {
+  const int stage = k % kStages;
+  barrier_wait(&landed[stage], (k / kStages) & 1);
+  bool sent = false;
+  const auto send_ahead = [&] {
+    if (more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+    sent = true;
+  };
+  body(visit, stages + stage * stage_bytes, send_ahead);
+  if (kStages > 1 && !sent) {
+    __syncthreads();
+    send_ahead();
+  }
+}
+
 // for_each_staged_row over rows drawn from `next_row`, a zeroed counter that every block of the grid draws from: a
 // block draws each row as it sends for it, kStages rows ahead (the draw's round trip hides behind the rows in
 // flight), so the grid takes rows in order, whichever blocks are ahead. Blocks that take rows by stride drift apart:
@@ -138,22 +159,87 @@ __device__ __forceinline__ void for_each_drawn_row(unsigned long long* next_row,
       more = later < rows;
       if (more) ahead = locate(later);
     }
-    const int stage = k % kStages;
-    barrier_wait(&landed[stage], (k / kStages) & 1);
-    bool sent = false;
-    const auto send_ahead = [&] {
-      if (more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
-      sent = true;
-    };
-    body(visit, stages + stage * stage_bytes, send_ahead);
-    if (kStages > 1 && !sent) {
-      __syncthreads();
-      send_ahead();
-    }
+    work_on_stage(visit, k, more, ahead, stages, stage_bytes, second_offset, landed, body);
   }
 }
 
+// for_each_drawn_row for the blocks of a cluster, which split each row and so must take the same rows: the cluster's
+// first block draws each row from `next_row` and sends it (st.async) into slot j % kRing of every block's ring, a
+// visit before any block sends for that row's copies, counted on the slot's barrier (`told`), on which each block's
+// sending thread arrives for it and every thread waits before reading it. After the last row, each sending thread
+// takes the row told past it, so that no block exits with a send to it on its way. `blocks`: the cluster's.
+template <int kStages, typename Locate, typename Body>
+__device__ __forceinline__ void for_each_cluster_drawn_row(unsigned long long* next_row, int64_t rows, int blocks,
+                                                           int64_t stage_bytes, int64_t second_offset,
+                                                           Locate&& locate, Body&& body) {
+  // A slot is told a visit before its row is sent for, kStages visits before it is worked on.
+  constexpr int kRing = kStages + 2;
+  extern __shared__ __align__(128) unsigned char stages[];
+  __shared__ uint64_t landed[kStages];
+  __shared__ uint64_t told[kRing];
+  __shared__ int64_t visits[kRing];
+  __shared__ StagedCopy ahead;
+  const bool leader = threadIdx.x == 0;
+  uint32_t rank;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  // The first block's sending thread: visit j's row to every block.
+  const auto tell = [&](int j) {
+    const uint64_t row = atomicAdd(next_row, 1ull);
+    const int slot = j % kRing;
+    for (int b = 0; b < blocks; ++b) {
+      send_to_cluster_block(in_cluster_block(&visits[slot], b), row, in_cluster_block(&told[slot], b));
+    }
+  };
+  // A block's sending thread: visit j's row, once told.
+  const auto learn = [&](int j) {
+    const int slot = j % kRing;
+    barrier_arrive_expecting(&told[slot], sizeof(int64_t));
+    barrier_wait(&told[slot], (j / kRing) & 1);
+    return visits[slot];
+  };
+  if (leader) {
+    for (int stage = 0; stage < kStages; ++stage) barrier_init(&landed[stage], 1);
+    for (int slot = 0; slot < kRing; ++slot) barrier_init(&told[slot], 1);
+    barrier_init_fence();
+  }
+  // Every block's barriers are set up before the first block sends to them.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (leader) {
+    if (rank == 0) {
+      for (int j = 0; j <= kStages; ++j) tell(j);
+    }
+    for (int stage = 0; stage < kStages; ++stage) {
+      const int64_t row = learn(stage);
+      if (row < rows) send_for(locate(row), stages + stage * stage_bytes, second_offset, &landed[stage]);
+    }
+  }
+  int k = 0;
+  for (;; ++k) {
+    // Every block reads the same rows, and so leaves the loop at the same visit.
+    barrier_wait(&told[k % kRing], (k / kRing) & 1);
+    const int64_t visit = visits[k % kRing];
+    if (visit >= rows) break;
+    bool more = false;
+    if (leader) {
+      if (rank == 0) tell(k + kStages + 1);
+      const int64_t later = learn(k + kStages);
+      more = later < rows;
+      if (more) ahead = locate(later);
+    }
+    work_on_stage(visit, k, more, ahead, stages, stage_bytes, second_offset, landed, body);
+  }
+  // Told at the visit before the last, or at the start: the one row sent to this block and not yet taken.
+  if (leader) learn(k + kStages);
+}
+
 #endif
+
+// A counter of rows drawn, zeroed on the current stream: one for each launch of a kernel whose blocks draw rows.
+inline at::Tensor zeroed_row_counter() {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
+}
 
 // Launches kernel(p), a staged kernel of `threads` threads a block and `bytes` of shared memory for its stages, in a
 // persistent grid whose blocks draw their rows from a counter zeroed for the launch (p.next_row: for_each_drawn_row),
@@ -168,9 +254,7 @@ bool launch_staged(void (*kernel)(Params), void (*register_kernel)(Params, Args.
   const int staged_blocks = resident_sm90_blocks(kernel, threads, bytes);
   if (staged_blocks == 0 || staged_blocks < register_blocks) return false;
   const int64_t resident = int64_t{staged_blocks} * device_attribute(cudaDevAttrMultiProcessorCount);
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const at::Tensor next_row = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
+  const at::Tensor next_row = zeroed_row_counter();
   Params params = p;
   params.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
   kernel<<<static_cast<unsigned>(std::min(p.rows, resident)), threads, bytes, stream>>>(params);
