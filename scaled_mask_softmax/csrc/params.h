@@ -136,8 +136,9 @@ struct ForwardParams {
   double scale;
   // y holds zeros already (zeroed_first): only the keys a row sees are written.
   bool output_zeroed = false;
-  // A zeroed counter from which forward_staged's blocks draw their rows in order (for_each_drawn_row), set by
-  // launch_staged.
+  // A zeroed counter from which a launch's blocks draw their rows in order, set at its launch: forward_staged's
+  // (for_each_drawn_row, by launch_staged) and forward_staged_in_cluster's in clusters of two
+  // (for_each_cluster_drawn_row).
   unsigned long long* next_row = nullptr;
 };
 
