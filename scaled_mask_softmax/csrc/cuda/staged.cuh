@@ -57,6 +57,27 @@ __device__ __forceinline__ void send_for(const StagedCopy& copy, unsigned char* 
   if (copy.second_bytes > 0) bulk_copy_to_shared(stage + second_offset, copy.second, copy.second_bytes, barrier);
 }
 
+// The k-th visit of a staged loop, its row `visit` known: waits for the row's copies to land in its stage, calls
+// body, and sends for the row kStages visits on (`ahead`, where `more`: the sending thread's) into the same stage once
+// every thread is done with it.
+template <int kStages, typename Body>
+__device__ __forceinline__ void work_on_stage(int64_t visit, int k, bool more, const StagedCopy& ahead,
+                                              unsigned char* stages, int64_t stage_bytes, int64_t second_offset,
+                                              uint64_t (&landed)[kStages], Body&& body) {
+  const int stage = k % kStages;
+  barrier_wait(&landed[stage], (k / kStages) & 1);
+  bool sent = false;
+  const auto send_ahead = [&] {
+    if (more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
+    sent = true;
+  };
+  body(visit, stages + stage * stage_bytes, send_ahead);
+  if (kStages > 1 && !sent) {
+    __syncthreads();
+    send_ahead();
+  }
+}
+
 // Calls body(visit, stage, send_ahead) for the rows a block of a persistent grid takes (first, first + step, ...
 // before `rows`), each in `stage`, `stage_bytes` of the block's dynamic shared memory, once the copies that
 // locate(visit) gives (a StagedCopy) have landed there: one thread sends for them, kStages rows ahead, into the
@@ -83,41 +104,9 @@ __device__ __forceinline__ void for_each_staged_row(int64_t first, int64_t step,
   }
   int k = 0;
   for (int64_t visit = first; visit < rows; visit += step, ++k) {
-    const int stage = k % kStages;
-    const bool more = visit + kStages * step < rows;
-    if (leader && more) ahead = locate(visit + kStages * step);
-    barrier_wait(&landed[stage], (k / kStages) & 1);
-    bool sent = false;
-    const auto send_ahead = [&] {
-      if (leader && more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
-      sent = true;
-    };
-    body(visit, stages + stage * stage_bytes, send_ahead);
-    if (kStages > 1 && !sent) {
-      __syncthreads();
-      send_ahead();
-    }
-  }
-}
-
-// The k-th visit of a loop over drawn rows, its row `visit` known: waits for the row's copies to land in its stage,
-// calls body, and sends for the row kStages visits on (`ahead`, where `more`: the sending thread's) into the same
-// stage once every thread is done with it, as for_each_staged_row does.
-template <int kStages, typename Body>
-__device__ __forceinline__ void work_on_stage(int64_t visit, int k, bool more, const StagedCopy& ahead,
-                                              unsigned char* stages, int64_t stage_bytes, int64_t second_offset,
-                                              uint64_t (&landed)[kStages], Body&& body) {
-  const int stage = k % kStages;
-  barrier_wait(&landed[stage], (k / kStages) & 1);
-  bool sent = false;
-  const auto send_ahead = [&] {
-    if (more && !sent) send_for(ahead, stages + stage * stage_bytes, second_offset, &landed[stage]);
-    sent = true;
-  };
-  body(visit, stages + stage * stage_bytes, send_ahead);
-  if (kStages > 1 && !sent) {
-    __syncthreads();
-    send_ahead();
+    const bool more = leader && visit + kStages * step < rows;
+    if (more) ahead = locate(visit + kStages * step);
+    work_on_stage(visit, k, more, ahead, stages, stage_bytes, second_offset, landed, body);
   }
 }
 
