@@ -37,8 +37,8 @@ def test_very_long_rows(dtype, cols):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_long_rows_that_see_few_keys(dtype, causal_variant):
-    """Causal rows of 262,144 columns that see at most a quarter of their keys (upper-left): y and dx are zeroed by
-    a memset first and the two-pass kernels write only what the rows see. Lower-right, the kernels write it all."""
+    """Causal rows of 262,144 columns that see at most a quarter of their keys (upper-left): the kernels take only
+    their first 64 columns and the rest of y and dx is zeroed apart. Lower-right, the two-pass kernels take it all."""
     x = random_scores((2, 3, 262144), dtype, "cuda").requires_grad_()
     y = sms.scaled_mask_softmax(x, None, 0.5, True, causal_variant)
     dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
@@ -50,13 +50,14 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
         assert not y[..., 3:].any() and not x.grad[..., 3:].any()
 
 
-@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 16384), (torch.bfloat16, 65536), (torch.float32, 8192),
-                                         (torch.float32, 65536)])
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 16384), (torch.bfloat16, 65536), (torch.bfloat16, 65537),
+                                         (torch.float32, 8192), (torch.float32, 65536)])
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_causal_rows_in_two_passes_are_zero_past_what_they_see(dtype, cols, causal_variant):
-    """Causal rows that the two-pass kernels take, more than the device holds at once, seeing from a few keys
-    (upper-left) to nearly all (lower-right); on sm_90 the copy engine writes what they do not see. The memory that y
-    and dx then take is left holding NaN first, so that a zero not written shows."""
+    """Causal rows that the two-pass kernels would take, more than the device holds at once. Lower-right they see
+    nearly all their keys, and the two-pass kernels take them; upper-left at most 300, and the kernels take their
+    first 320 columns while the rest of y and dx is zeroed apart (in 2-byte words where rows are not 16-byte
+    aligned: 65537). The memory that y and dx then take is left holding NaN first, so that a zero not written shows."""
     x = random_scores((2, 2, 300, cols), dtype, "cuda").requires_grad_()
     dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
     torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
@@ -66,6 +67,17 @@ def test_causal_rows_in_two_passes_are_zero_past_what_they_see(dtype, cols, caus
     y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, causal_variant, dy)
     assert_close_to(y, y_ref, dtype)
     assert_close_to(x.grad, dx_ref, dtype, scale=4)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
+def test_rows_narrowed_to_what_they_see_keep_their_mask(mask_dtype):
+    """Causal bf16 rows of 65,536 columns that see at most 300 keys (upper-left), with a mask over queries and keys:
+    the kernels take the first 320 columns of x and of the mask."""
+    x = random_scores((2, 300, 65536), torch.bfloat16, "cuda").requires_grad_()
+    mask = random_scores((300, 65536), torch.bfloat16, "cuda", generator_seed=4)
+    if mask_dtype == torch.bool:
+        mask = mask > -0.5
+    assert_forward_backward_match(x, mask, 0.5, is_causal=True)
 
 
 def assert_matches_reference_with(x, mask_form, scale):
@@ -232,8 +244,8 @@ def test_staged_rows_on_two_gpus():
                 assert_matches_reference_with(x, mask_form, 0.5)
 
 
-# (1, 4, 262144): four queries see so few keys of rows so long that y and dx are zeroed by a memset before their
-# kernels. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows from a counter
+# (1, 4, 262144): four queries see so few keys of rows so long that the kernels take only their first 64 columns,
+# the rest zeroed apart. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows from a counter
 # zeroed before each launch: forward_staged's (4, 64, 4096), backward_staged's (2, 8, 16384).
 @pytest.mark.parametrize("shape, with_mask", [((8, 16, 128), True), ((1, 4, 262144), True), ((4, 64, 4096), False),
                                               ((2, 8, 16384), False)])

@@ -146,6 +146,7 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.mask = mask.kind == MaskKind::kNone ? nullptr : mask.expanded.data_ptr();
   p.y = y.data_ptr();
   p.cols = x.size(-1);
+  p.output_row_stride = p.cols;
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
@@ -182,6 +183,7 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
   p.dy = dy.data_ptr();
   p.dx = dx.data_ptr();
   p.cols = y.size(-1);
+  p.output_row_stride = p.cols;
   p.rows = p.cols == 0 ? 0 : y.numel() / p.cols;
   p.y_strides = strides[0];
   p.dy_strides = strides[1];

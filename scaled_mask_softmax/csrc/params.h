@@ -118,7 +118,7 @@ struct RowOrder {
   }
 };
 
-// y = softmax(x * scale + mask) over rows of `cols` elements; y is contiguous (row r starts at r * cols).
+// y = softmax(x * scale + mask) over rows of `cols` elements; row r of y starts at r * output_row_stride.
 struct ForwardParams {
   const void* x;
   const void* mask;  // nullptr when there is no mask; otherwise read through mask_strides (0 = broadcast)
@@ -134,15 +134,15 @@ struct ForwardParams {
   bool is_causal;
   int64_t causal_offset;
   double scale;
-  // y holds zeros already (zeroed_first): only the keys a row sees are written.
-  bool output_zeroed = false;
+  // cols, but where a launch takes only the keys before some column (narrowed_to_visible): y's own row length.
+  int64_t output_row_stride = 0;
   // A zeroed counter from which a launch's blocks draw their rows in order, set at its launch: forward_staged's
   // (for_each_drawn_row, by launch_staged) and forward_staged_in_cluster's in clusters of two
   // (for_each_cluster_drawn_row).
   unsigned long long* next_row = nullptr;
 };
 
-// dx = scale * y * (dy - sum(dy * y)) over rows of `cols` elements; dx is contiguous.
+// dx = scale * y * (dy - sum(dy * y)) over rows of `cols` elements; row r of dx starts at r * output_row_stride.
 struct BackwardParams {
   const void* y;
   const void* dy;
@@ -158,7 +158,7 @@ struct BackwardParams {
   int64_t causal_offset;
   double scale;
   // As in ForwardParams, for dx.
-  bool output_zeroed = false;
+  int64_t output_row_stride = 0;
   // As in ForwardParams, for backward_staged.
   unsigned long long* next_row = nullptr;
 };
@@ -169,6 +169,13 @@ SMS_HOST_DEVICE int64_t visible_end(const Params& p, int64_t row) {
   if (!p.is_causal) return p.cols;
   const int64_t end = p.queries.remainder(row) + p.causal_offset + 1;
   return end < 0 ? 0 : (end > p.cols ? p.cols : end);
+}
+
+// Where row `row` of the output (y or dx) starts. Only causal launches are narrowed (narrowed_to_visible): kernels
+// without a causal limit step by `cols`, which their loops hold already.
+template <bool kCausal, typename Params>
+SMS_HOST_DEVICE int64_t output_row_start(const Params& p, int64_t row) {
+  return row * (kCausal ? p.output_row_stride : p.cols);
 }
 
 // The mask types a kernel is instantiated for: none, bool (true = attend) or a floating type added as is.

@@ -84,11 +84,14 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
+    if (const std::optional<BackwardParams> narrowed = narrowed_to_visible(p, p.dx, sizeof(scalar_t), stream)) {
+      backward_ladder<scalar_t, VEC, kCausal>(*narrowed, stream);
+      return;
+    }
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
                            backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, VEC,
                            backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
-      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, zeroed_first(p, p.dx, sizeof(scalar_t), stream), VEC,
-                      stream);
+      launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
     return;
   }

@@ -43,7 +43,7 @@ struct GradientRow {
     row_starts<kEvenRows>(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
-    dx = static_cast<scalar_t*>(p.dx) + row * p.cols;
+    dx = static_cast<scalar_t*>(p.dx) + output_row_start<kCausal>(p, row);
     pin_addresses();
   }
 
@@ -53,7 +53,7 @@ struct GradientRow {
   __device__ GradientRow(const BackwardParams& p, int64_t row, const scalar_t* y_row, const scalar_t* dy_row)
       : y(y_row),
         dy(dy_row),
-        dx(static_cast<scalar_t*>(p.dx) + row * p.cols),
+        dx(static_cast<scalar_t*>(p.dx) + output_row_start<kCausal>(p, row)),
         end(static_cast<Index>(p.cols)),
         visible_end(static_cast<Index>(kCausal ? sms::visible_end(p, row) : p.cols)),
         scale(static_cast<acc_t>(p.scale)) {
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
         g.store_gradient(col, raw, row_dot);
       }
     });
-    if (!p.output_zeroed) store_zeros<VEC>(g.dx, past, slice.end, step);
+    store_zeros<VEC>(g.dx, past, slice.end, step);
   }
   if (blocks_per_row > 1) exchange.finish();
 }

@@ -169,6 +169,10 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
     return;
   }
+  if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
+    forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
+    return;
+  }
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
@@ -178,11 +182,9 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     }
   }
   with_flag(p.is_causal, [&](auto causal) {
-    with_flag(mostly_hidden(p), [&](auto hidden) {
-      constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal(), hidden()>;
-      launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>,
-                      zeroed_first(p, p.y, sizeof(scalar_t), stream), VEC, stream);
-    });
+    constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal()>;
+    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>, p,
+                    VEC, stream);
   });
 }
 

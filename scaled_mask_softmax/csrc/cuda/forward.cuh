@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row, kCausal), cover, reduce,
-        static_cast<scalar_t*>(p.y) + row * p.cols, stored ? static_cast<int>(p.cols) : 0);
+        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row), stored ? static_cast<int>(p.cols) : 0);
   }
 }
 
@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
     const int visible = static_cast<int>(visible_end(p, row));
     const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
-                         kOneReduction>(loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols,
+                         kOneReduction>(loader, cover, reduce,
+                                        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row),
                                         static_cast<int>(p.cols));
   });
 #endif
@@ -466,17 +467,17 @@ struct TwoPassShape {
 // three blocks, more warps to issue from than one (benchmarks/NOTES.md, v11); five blocks of two vectors a thread
 // (48 registers) measured slower on these rows (v17). Causal rows, a lone block a row, which read on average half a
 // row each and pay a row's chain of reductions: 16-bit ones at five blocks of two vectors with pass 2's fast form
-// (which spilled at four blocks of four vectors), except rows mostly hidden (mostly_hidden), where five blocks
-// measured slower, as they did for fp32 causal rows; those take four blocks (v13, v17). Otherwise one block, which
+// (which spilled at four blocks of four vectors); fp32 ones at four blocks, where five measured slower (v13, v17).
+// (Rows that see at most a quarter of their keys never come here: narrowed_to_visible.) Otherwise one block, which
 // ptxas meets with about 96 registers and two blocks; with a 16-bit mask, which doubles what a slice holds, fewer
 // slices at once leave pass 2 finding them in L2 (v10). fp32 results keep pass 2's plain form: with a bool mask at
 // 262,144 columns the fused one measured 6% slower (v16). launch_two_pass sizes slices by kUnroll vectors a thread,
 // which only rows without a causal limit are split into.
-template <typename scalar_t, typename mask_t, bool kCausal, bool kMostlyHidden>
+template <typename scalar_t, typename mask_t, bool kCausal>
 constexpr TwoPassShape kTwoPassShape =
     sizeof(scalar_t) > 4 || mask_bytes_v<mask_t> > 1 ? TwoPassShape{1, kUnroll, sizeof(scalar_t) == 2}
     : !kCausal                                      ? TwoPassShape{3, kUnroll, sizeof(scalar_t) == 2}
-    : sizeof(scalar_t) == 2 && !kMostlyHidden       ? TwoPassShape{5, 2, true}
+    : sizeof(scalar_t) == 2                         ? TwoPassShape{5, 2, true}
                                                     : TwoPassShape{4, kUnroll, false};
 
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     });
     SoftmaxStats<acc_t> stats = block_stats(SoftmaxStats<acc_t>{local_max, local_sum}, shared);
     if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
-    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.cols;
+    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.output_row_stride;
     loader.set_caching(leave);
     with_normalized_exp<scalar_t, kFastExp>(stats, [&](const auto& normalized) {
       const int64_t past = for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col,
@@ -536,7 +537,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
         // A whole vector lies before visible_end, which clip() put at or before the slice's end.
         if ((kFastExp && decltype(whole)::value) || col < slice.end) store_vector<VEC>(y, col, s);
       });
-      if (!p.output_zeroed) store_zeros<VEC>(y, past, slice.end, step);
+      store_zeros<VEC>(y, past, slice.end, step);
     });
   }
   if (blocks_per_row > 1) exchange.finish();

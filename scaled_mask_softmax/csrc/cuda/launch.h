@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -59,6 +60,7 @@ constexpr int min_blocks_for(bool in_64_registers, int threads) {
 }
 
 SMS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+SMS_HOST_DEVICE int64_t round_up(int64_t n, int64_t multiple) { return ceil_div(n, multiple) * multiple; }
 
 inline int next_power_of_two(int64_t n) {
   int p = 1;
@@ -342,24 +344,51 @@ bool mostly_hidden(const Params& p) {
   return p.is_causal && 4 * (p.queries.value + p.causal_offset) <= p.cols;
 }
 
-// Bytes of a row from which zeroed_first zeroes a mostly hidden output first. After the memset, what is left of a
-// two-pass kernel is a chain of loads and reductions a row, which the row's share of the memset must outweigh: bf16
-// rows of 262,144 columns (512 KiB) 1.16 -> 1.06 of the floor in both passes; of 131,072 no faster forward and 5%
-// slower backward; of 65,536 20-25% slower (benchmarks/NOTES.md, v19).
-constexpr int64_t kZeroedFirstRowBytes = 512 << 10;
+// Zeroes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
+// neighbouring threads on neighbouring words, as a memset writes.
+constexpr int kZeroThreads = 256;
 
-// p, with its `output` (y or dx, contiguous, of `element_size` bytes an element) zeroed by one memset first where
-// the rows are mostly_hidden and long, and output_zeroed set, so that a two-pass kernel writes only the keys a row
-// sees. A memset writes neighbouring lines from every multiprocessor at once; the kernels' blocks each write their
-// own row in a loop, a few hundred rows at once far apart. What a row sees is written twice.
+template <typename Word>
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_columns(Word* out, int64_t row_words, int64_t from, Divisor words_per_row, int64_t words) {
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * kZeroThreads + threadIdx.x;
+  if (word >= words) return;
+  int64_t column;
+  const int64_t row = words_per_row.quotient(word, column);
+  out[row * row_words + from + column] = Word{};
+}
+
+// Where mostly_hidden rows would take a two-pass kernel, which pays each row's chain of loads and reductions in one
+// block: zeroes every row of `output` (rows output_row_stride elements of `element_bytes` apart) from a column past
+// what any row sees, and returns p narrowed to the columns before it, which rows short enough for the register and
+// staged kernels hold. The zeros are written as a memset writes them, from every multiprocessor at once; a memset
+// of the whole output first and a kernel writing only what the rows see measured 20-25% slower at 65,536 bf16
+// columns, its rows' chains no longer hidden behind their zeros (benchmarks/NOTES.md, v19 and v86).
 template <typename Params>
-Params zeroed_first(const Params& p, void* output, size_t element_size, cudaStream_t stream) {
-  Params zeroed = p;
-  if (mostly_hidden(p) && p.cols * static_cast<int64_t>(element_size) >= kZeroedFirstRowBytes) {
-    C10_CUDA_CHECK(cudaMemsetAsync(output, 0, static_cast<size_t>(p.rows * p.cols) * element_size, stream));
-    zeroed.output_zeroed = true;
+std::optional<Params> narrowed_to_visible(const Params& p, void* output, int64_t element_bytes,
+                                          cudaStream_t stream) {
+  // Whole 128-byte lines of 16-bit rows before the zeros.
+  constexpr int64_t kColumnsAlike = 64;
+  const int64_t columns = round_up(std::max<int64_t>(p.queries.value + p.causal_offset, 1), kColumnsAlike);
+  if (!mostly_hidden(p) || columns >= p.cols) return std::nullopt;
+  const auto zero = [&](auto word) {
+    using Word = decltype(word);
+    const int64_t words_per_row = (p.cols - columns) * element_bytes / sizeof(Word);
+    const int64_t words = p.rows * words_per_row;
+    zero_columns<Word><<<static_cast<unsigned>(ceil_div(words, kZeroThreads)), kZeroThreads, 0, stream>>>(
+        static_cast<Word*>(output), p.output_row_stride * element_bytes / sizeof(Word),
+        columns * element_bytes / sizeof(Word), Divisor(words_per_row), words);
+  };
+  // 16-byte words where rows start 16-byte aligned (output is a fresh allocation); 2-byte ones otherwise.
+  if (p.output_row_stride * element_bytes % 16 == 0) {
+    zero(uint4{});
+  } else {
+    zero(uint16_t{});
   }
-  return zeroed;
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  Params narrowed = p;
+  narrowed.cols = columns;
+  return narrowed;
 }
 
 // Calls body(std::bool_constant<flag>{}): a runtime flag as a template argument.

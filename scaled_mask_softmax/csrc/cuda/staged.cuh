@@ -23,8 +23,6 @@ constexpr int kStagedRows = 2;
 // 1.063 -> 1.184, and of 1024 in one- and two-warp blocks, 1.020 -> 1.153 (benchmarks/NOTES.md, v22).
 constexpr int kStagedMaxBlocks = 2;
 
-SMS_HOST_DEVICE int64_t round_up(int64_t n, int64_t multiple) { return ceil_div(n, multiple) * multiple; }
-
 // The bytes of `count` elements of `bytes_each` bytes, rounded up to whole 16-byte words: what a bulk copy moves.
 SMS_HOST_DEVICE uint32_t copy_bytes(int64_t count, int bytes_each) {
   return static_cast<uint32_t>(round_up(count * bytes_each, 16));
