@@ -80,6 +80,15 @@ def test_rows_narrowed_to_what_they_see_keep_their_mask(mask_dtype):
     assert_forward_backward_match(x, mask, 0.5, is_causal=True)
 
 
+def test_rows_narrowed_to_what_they_see_can_still_take_two_passes():
+    """fp32 causal rows of 32,768 columns that see up to 8192 keys (upper-left): narrowed to their first 8192
+    columns, still long enough for the two-pass forward, which then writes rows of y 32,768 elements apart. The
+    memory that y and dx then take is left holding NaN first, so that a zero not written shows."""
+    x = random_scores((8192, 32768), torch.float32, "cuda").requires_grad_()
+    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
+    assert_forward_backward_match(x, None, 0.5, is_causal=True)
+
+
 def assert_matches_reference_with(x, mask_form, scale):
     """x's forward and backward against the float64 reference, with `mask_form`: none; a bool key-padding mask over
     the batch, the second batch all masked; an fp32 bias over all but the batch; or causal rows that see the keys of
