@@ -181,7 +181,7 @@ constexpr bool kIn64Registers =
 // exponential more a thread and a few more in each step of the reduction. Otherwise the row's max is reduced
 // first and the sum after.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, bool kOneReduction,
-          typename Loader, typename Reduce>
+          bool kConvertFirst = false, typename Loader, typename Reduce>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, Reduce&& reduce,
                                                      scalar_t* y, int store_end) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -254,6 +254,24 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   // six instructions a vector where LEA and LEA.HI.X of the column do), as row_address says of the loads.
   // Only for 16-byte vectors, whose stores say they are global (store_bits); element-wise ones would turn generic.
   if constexpr (VEC * sizeof(scalar_t) == 16) y = row_address(y);
+  if constexpr (kConvertFirst) {
+    // Every vector converted, in registers of its own, before any is stored. Left to itself, the compiler converts
+    // each vector at its store into the registers of the one before, and so waits for that store to read them
+    // (SASS, sm_90; benchmarks/NOTES.md, v75 and v76).
+    Vector<scalar_t, VEC> results[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
+      results[i] = converted<scalar_t>(s[i]);
+      form_here(results[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      if (column(i) < store_end) store_bits<VEC, /*kEvictFirst=*/false>(y, column(i), results[i]);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int col = column(i);
@@ -424,7 +442,10 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
     // given as `width`, a constant of the loop, it took up to 28 registers more (ptxas, sm_90).
     const int visible = static_cast<int>(std::clamp<int64_t>(visible_end(p, row) - begin, 0, width));
     const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);
-    softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction>(
+    // Results converted before they are stored only in clusters of more than two blocks (bf16 rows of 131,072
+    // columns and more; of 65,536 with an additive mask): rows of 262,144 bf16 columns measured 3-4% faster so, but
+    // those of 65,536 in clusters of two (drawn) 1.5-2.6% slower (benchmarks/NOTES.md, v76, v89).
+    softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction, !kDrawn>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
   };
   if constexpr (kDrawn) {

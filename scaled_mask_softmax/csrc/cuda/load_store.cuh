@@ -111,12 +111,29 @@ __device__ __forceinline__ void store_bits(T* row, Index col, const Vector<T, VE
   }
 }
 
-template <int VEC, bool kEvictFirst = true, typename acc_t, typename T, typename Index>
-__device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&values)[VEC]) {
+template <typename T, int VEC, typename acc_t>
+__device__ __forceinline__ Vector<T, VEC> converted(const acc_t (&values)[VEC]) {
   Vector<T, VEC> v;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) v.element[i] = static_cast<T>(values[i]);
-  store_bits<VEC, kEvictFirst>(row, col, v);
+  return v;
+}
+
+// Makes the compiler form `v` here, in registers of its own: where a vector is only stored, the compiler sinks its
+// conversion to the store, and gives each such vector the registers of the last, whose store must first read them.
+template <typename T, int VEC>
+__device__ __forceinline__ void form_here(Vector<T, VEC>& v) {
+  if constexpr (sizeof(v) == 16) {
+    uint32_t words[4];
+    memcpy(words, &v, sizeof(v));
+    asm volatile("" : "+r"(words[0]), "+r"(words[1]), "+r"(words[2]), "+r"(words[3]));
+    memcpy(&v, words, sizeof(v));
+  }
+}
+
+template <int VEC, bool kEvictFirst = true, typename acc_t, typename T, typename Index>
+__device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&values)[VEC]) {
+  store_bits<VEC, kEvictFirst>(row, col, converted<T>(values));
 }
 
 // Zeros in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
