@@ -169,6 +169,29 @@ def test_finite_large_negative_mask_behaves_as_torch_softmax(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cols", [8192, 20000, 65536])
+def test_long_rows_shifted_far_from_zero(device, dtype, cols):
+    """Long rows (blocks and clusters that reduce their max and sum at once) whose scores all sit near a large
+    offset, so that each thread's terms are shifted by a max far from zero: 50,000 (every thread's max within
+    65,536), 65,530 (the threads' maxima on either side of it), 10^6 (all beyond it). x is in multiples of 1/16, so
+    that x + offset is exact in fp32 and the float64 reference sees the same scores; softmax(x) is the answer for
+    every offset. Then rows masked by finfo.min but for a few keys, and all but none, against torch.softmax."""
+    x = ((torch.randn(4, cols, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 32).round() / 16)
+    offsets = torch.tensor([0.0, 50000.0, 65530.0, 1e6], dtype=torch.float64)
+    mask = offsets[:, None].expand(4, cols).float().contiguous()
+    run(x.to(dtype).to(device), mask.to(device))
+    x = random_scores((3, cols), dtype, device)
+    mask = torch.full((3, cols), torch.finfo(dtype).min, dtype=dtype)
+    mask[0, ::997] = 0
+    mask[1, -3:] = 0
+    mask[2] = torch.finfo(dtype).min
+    mask = mask.to(device)
+    expected = torch.softmax(x.float() + mask.float(), dim=-1)
+    assert_close_to(sms.scaled_mask_softmax(x, mask), expected, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [1e-4, 30.0, -2.0, 0.0])
 def test_stable_for_large_scores_and_any_scale(device, dtype, scale):
