@@ -172,9 +172,9 @@ def test_finite_large_negative_mask_behaves_as_torch_softmax(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("cols", [8192, 20000, 65536])
 def test_long_rows_shifted_far_from_zero(device, dtype, cols):
-    """Long rows (blocks and clusters that reduce their max and sum at once) whose scores all sit near a large
-    offset, so that each thread's terms are shifted by a max far from zero: 50,000 (every thread's max within
-    65,536), 65,530 (the threads' maxima on either side of it), 10^6 (all beyond it). x is in multiples of 1/16, so
+    """Long rows (blocks and clusters, some reducing their max and sum at once, each thread's terms shifted by its
+    own max) whose scores all sit near a large offset: 50,000 (a row's max within the fused exponential's limit,
+    65,536), 65,530 (its scores on either side of it), 10^6 (all beyond it). x is in multiples of 1/16, so
     that x + offset is exact in fp32 and the float64 reference sees the same scores; softmax(x) is the answer for
     every offset. Then rows masked by finfo.min but for a few keys, and all but none, against torch.softmax."""
     x = ((torch.randn(4, cols, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 32).round() / 16)
