@@ -11,13 +11,14 @@
 namespace sms {
 namespace {
 
-// Causal rows of at least this many columns take the two-pass kernel even where they fit registers: it reads and
-// exponentiates a row's visible keys in a loop, where the register kernel's block pays a whole row's chain of
-// loads, reductions and stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192
-// columns, where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured
-// slower in two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Staged
-// through shared memory (forward_staged), these rows measured slower still: bf16 of 16,384 columns 1.166 -> 1.326,
-// fp32 of 8192 1.186 -> 1.345 (v23).
+// Causal rows of at least this many columns that forward_staged does not take (a mask row not in whole 16-byte words,
+// a device other than sm_90) take the two-pass kernel even where they fit registers: it reads and exponentiates a
+// row's visible keys in a loop, where the register kernel's block pays a whole row's chain of loads, reductions and
+// stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns, where the two-pass
+// kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in two passes (bf16
+// 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). forward_staged, which draws its rows
+// in order (v81), measured faster than two passes: bf16 of 16,384 columns 1.126 -> 1.107 of the floor, fp32 of 8192
+// 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
@@ -133,29 +134,34 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 }
 
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise.
+// them, by forward_in_registers otherwise, but for causal rows of kCausalTwoPassColumns or more, which it leaves to
+// the two-pass kernel (false).
 template <typename scalar_t, typename mask_t, int VEC>
-void launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
-  with_iters(plan.iters, [&](auto iters) {
+  return with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
-    with_flag(p.is_causal, [&](auto causal) {
+    return with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) return;
+        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
+          return true;
+        }
+        if (causal() && p.cols >= kCausalTwoPassColumns<scalar_t>) return false;
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+        return true;
       };
       // Only the kernels a row can reach are instantiated: below kTargetIters vectors a thread, rows are shared by
       // groups of lanes, which reduce twice (as fp64 scores always do); above it, by blocks that reduce once.
       if constexpr (!std::is_same_v<acc_t, float> || kIters < kTargetIters) {
-        launch(std::false_type{});
+        return launch(std::false_type{});
       } else if constexpr (kIters > kTargetIters) {
-        launch(std::true_type{});
+        return launch(std::true_type{});
       } else {
-        with_flag(plan.width >= kOneReductionThreads, launch);
+        return with_flag(plan.width >= kOneReductionThreads, launch);
       }
     });
   });
@@ -165,10 +171,7 @@ template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (plan.in_registers && !(p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) {
-    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
-    return;
-  }
+  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
   if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
     forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
     return;

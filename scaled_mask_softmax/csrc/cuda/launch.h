@@ -391,19 +391,16 @@ std::optional<Params> narrowed_to_visible(const Params& p, void* output, int64_t
   return narrowed;
 }
 
-// Calls body(std::bool_constant<flag>{}): a runtime flag as a template argument.
+// Calls body(std::bool_constant<flag>{}), and returns what it returns: a runtime flag as a template argument.
 template <typename Body>
-void with_flag(bool flag, Body&& body) {
-  if (flag) {
-    body(std::true_type{});
-  } else {
-    body(std::false_type{});
-  }
+decltype(auto) with_flag(bool flag, Body&& body) {
+  if (flag) return body(std::true_type{});
+  return body(std::false_type{});
 }
 
-// Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8.
+// Calls body(std::integral_constant<int, iters>{}) for iters in 1, 2, 4, 8, and returns what it returns.
 template <typename Body>
-void with_iters(int iters, Body&& body) {
+decltype(auto) with_iters(int iters, Body&& body) {
   switch (iters) {
     case 1: return body(std::integral_constant<int, 1>{});
     case 2: return body(std::integral_constant<int, 2>{});
