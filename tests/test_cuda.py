@@ -55,9 +55,10 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_causal_rows_in_two_passes_are_zero_past_what_they_see(dtype, cols, causal_variant):
     """Causal rows that the two-pass kernels would take, more than the device holds at once. Lower-right they see
-    nearly all their keys, and the two-pass kernels take them; upper-left at most 300, and the kernels take their
-    first 320 columns while the rest of y and dx is zeroed apart (in 2-byte words where rows are not 16-byte
-    aligned: 65537). The memory that y and dx then take is left holding NaN first, so that a zero not written shows."""
+    nearly all their keys, and the two-pass kernels take them (forward_staged, on sm_90, the forwards of 16,384 bf16
+    and 8192 fp32 columns); upper-left at most 300, and the kernels take their first 320 columns while the rest of y
+    and dx is zeroed apart (in 2-byte words where rows are not 16-byte aligned: 65537). The memory that y and dx then
+    take is left holding NaN first, so that a zero not written shows."""
     x = random_scores((2, 2, 300, cols), dtype, "cuda").requires_grad_()
     dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
     torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next

@@ -11,14 +11,15 @@
 namespace sms {
 namespace {
 
-// Causal rows of at least this many columns that forward_staged does not take (a mask row not in whole 16-byte words,
-// a device other than sm_90) take the two-pass kernel even where they fit registers: it reads and exponentiates a
-// row's visible keys in a loop, where the register kernel's block pays a whole row's chain of loads, reductions and
-// stores however few keys the row sees (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns, where the two-pass
-// kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in two passes (bf16
-// 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). forward_staged, which draws its rows
-// in order (v81), measured faster than two passes: bf16 of 16,384 columns 1.126 -> 1.107 of the floor, fp32 of 8192
-// 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91).
+// Causal rows of at least this many columns leave the register kernel even where they fit its registers: its block
+// pays a whole row's chain of loads, reductions and stores however few keys the row sees, where the two-pass kernel
+// reads and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns,
+// where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in
+// two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are
+// narrowed first where they see at most a quarter of their keys (narrowed_to_visible); the others take forward_staged
+// where it takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384
+// columns 1.126 -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes
+// where it does not (a mask row not in whole 16-byte words, a device other than sm_90).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
@@ -134,8 +135,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 }
 
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise, but for causal rows of kCausalTwoPassColumns or more, which it leaves to
-// the two-pass kernel (false).
+// them, by forward_in_registers otherwise; returns false, launching nothing, for causal rows of kCausalTwoPassColumns
+// or more that forward_staged does not take.
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -171,11 +172,16 @@ template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
-  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
+  if (plan.in_registers && !long_causal) {
+    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
+    return;
+  }
   if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
     forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
     return;
   }
+  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
