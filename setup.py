@@ -74,7 +74,7 @@ if with_cuda:
           f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}")
     extensions.append(cpp_extension.CUDAExtension(
         f"{PACKAGE}._C_cuda",
-        [str(CSRC / "cuda" / name) for name in ("module.cpp", "forward.cu", "backward.cu")],
+        [str(CSRC / "cuda" / name) for name in ("module.cpp",) + toolkit.CUDA_SOURCES],
         extra_compile_args={"cxx": toolkit.cxx_flags(), "nvcc": toolkit.cuda_flags()}))
 else:
     print("scaled_mask_softmax: building the CPU kernels only (no CUDA build of torch, or no nvcc found)")

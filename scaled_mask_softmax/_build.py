@@ -58,7 +58,7 @@ def ensure_cuda_kernels() -> None:
     if _cuda_ready:
         return
     if not _has_kernel("CUDA") and not _try_installed_cuda_kernels():
-        sources = [CSRC / "cuda" / name for name in ("forward.cu", "backward.cu")]
+        sources = [CSRC / "cuda" / name for name in _toolkit.CUDA_SOURCES]
         _build_just_in_time("scaled_mask_softmax_cuda", sources, with_cuda=True)
     _cuda_ready = True
 

@@ -58,6 +58,9 @@ def default_cuda_home(env=None):
 
 # The `_C` library, in csrc/: schema and CPU kernels, and the autograd kernel every device shares.
 CPU_SOURCES = ("scaled_mask_softmax.cpp", "autograd.cpp")
+# The CUDA kernels, in csrc/cuda/: the forward's launches in a file a dtype, which a build compiles side by side.
+CUDA_SOURCES = ("forward.cu", "forward_half.cu", "forward_bfloat16.cu", "forward_float.cu", "forward_double.cu",
+                "backward.cu")
 
 
 def cxx_flags():

@@ -1,0 +1,226 @@
+// The forward's launches for scores of one dtype: the ladder by row length, the mask dispatch. Each dtype's are
+// compiled in a file of their own (forward_<dtype>.cu), so that a build compiles them side by side.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+
+#include <optional>
+
+#include "../binding.h"
+#include "alignment.h"
+#include "forward.cuh"
+#include "forward_launch.h"
+
+namespace sms {
+namespace {
+
+
+// Causal rows of at least this many columns leave the register kernel even where they fit its registers: its block
+// pays a whole row's chain of loads, reductions and stores however few keys the row sees, where the two-pass kernel
+// reads and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns,
+// where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in
+// two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are
+// narrowed first where they see at most a quarter of their keys (narrowed_to_visible); the others take forward_staged
+// where it takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384
+// columns 1.126 -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes
+// where it does not (a mask row not in whole 16-byte words, a device other than sm_90).
+template <typename scalar_t>
+constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
+
+// Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
+// of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
+// faster (benchmarks/NOTES.md, v11).
+template <typename mask_t>
+constexpr bool kClusterForwardsMask = mask_bytes_v<mask_t> >= 2;
+
+// Rows that a block of at least this many threads shares reduce their max and sum at once (kOneReduction): with
+// eight warps or more, a second round of barriers costs more than the exponential a thread that one round adds.
+// At 128 threads (4096 bf16 columns) it measured no faster, at 512 (16384) 1.25 -> 1.17 of the floor; groups of
+// lanes measured slower (benchmarks/NOTES.md, v13).
+constexpr int kOneReductionThreads = 256;
+
+// Causal rows of at least this many bytes take forward_staged however many blocks of forward_in_registers fit a
+// multiprocessor: a causal row's block pays its chain of loads and reductions whatever its visible length, and its
+// one or two bulk copies bring only the visible part. bf16 rows of 4096 columns (eight blocks) measured 1.308 ->
+// 1.281 of the floor and of 8192 1.530 -> 1.454, where rows without a causal limit measured slower; causal rows of
+// 1024 columns, in blocks of one or two warps, 1.138-1.236 -> 1.275-1.426 (benchmarks/NOTES.md, v22 and v23).
+constexpr int64_t kStagedCausalRowBytes = 8192;
+
+// Whether every row of the mask starts 16-byte aligned and spans whole 16-byte words, as bulk copies need.
+template <typename mask_t>
+bool mask_rows_in_words(const ForwardParams& p) {
+  if constexpr (has_mask_v<mask_t>) {
+    constexpr int kMaskVec = 16 / sizeof(mask_t);
+    return p.cols % kMaskVec == 0 && rows_aligned(p.mask, p.mask_strides, p.shape, kMaskVec, sizeof(mask_t));
+  } else {
+    return true;
+  }
+}
+
+// Launches forward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`) where every mask row
+// is whole 16-byte words from a 16-byte boundary; false otherwise.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
+bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
+    return false;
+  } else {
+    if (plan.width != plan.threads || !mask_rows_in_words<mask_t>(p)) return false;
+    const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
+    return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
+                         forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
+                         kStagedRows * stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
+                         long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
+  }
+}
+
+// The most blocks forward_staged_in_cluster splits a row over. With an additive mask, as many as a cluster holds:
+// over 16 blocks of 256 threads, bf16 rows of 262,144 columns measured 1.26-1.28 -> 1.18-1.22 of the floor and fp32
+// of 131,072 1.08-1.31 -> 1.04-1.23, against the cluster register kernel. Without one, or with a bool mask, eight:
+// those rows measured 1.10-1.27 -> 1.16-1.34 over 16 blocks rather than 8 of 512 threads (benchmarks/NOTES.md, v27).
+template <typename mask_t>
+constexpr int kMostStagedBlocks = kClusterForwardsMask<mask_t> ? kMaxClusterBlocks : 8;
+
+// Where two stages of a slice would take more blocks a row than this, forward_staged_in_cluster takes one stage over
+// this many instead: a GPC holds whole clusters, and clusters of 16 at one block a multiprocessor leave about 15% of
+// an H200's multiprocessors idle (v20, v24). bf16 rows of 262,144 columns with a full bf16 mask or a bf16 bias
+// measured 1.17-1.22 -> 1.06 of the floor (benchmarks/NOTES.md, v49).
+constexpr int kOneStageBlocks = 8;
+
+// Clusters of at most this many blocks draw their rows in order (forward_staged_in_cluster's kDrawn). bf16 rows of
+// 65,536 columns without a mask, in clusters of two blocks, measured 1.105-1.123 -> 1.054-1.066 of the floor: clusters
+// that take rows by stride drift apart and end apart. In larger clusters the first block tells every block each row,
+// and that warp's bookkeeping holds up the others at each row's reduction: clusters of four with a bf16 bias 1.014 ->
+// 1.112, of eight at 262,144 columns 1.18 -> 1.21 (benchmarks/NOTES.md, v83 and v84).
+constexpr int kMostDrawnClusterBlocks = 2;
+
+// Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
+// half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
+// to kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks
+// where two would take more); where every slice of a mask row is whole 16-byte words from a 16-byte boundary and the
+// device holds such a cluster with its stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8
+// bytes at 128 registers).
+template <typename scalar_t, typename mask_t, int VEC>
+bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    const ClusterShape shape = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+    if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
+    const auto shared_bytes = [&](int blocks, int stages) {
+      return stages * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
+    };
+    int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
+    const int64_t most_shared_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    while (blocks_per_row < kMostStagedBlocks<mask_t> &&
+           shared_bytes(blocks_per_row, kStagedRows) > most_shared_bytes) {
+      blocks_per_row *= 2;
+    }
+    const bool one_stage =
+        blocks_per_row > kOneStageBlocks && shared_bytes(kOneStageBlocks, 1) <= most_shared_bytes;
+    if (one_stage) blocks_per_row = kOneStageBlocks;
+    const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
+    if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
+    const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
+    const auto launch = [&](auto kernel, const ForwardParams& params, int stages) {
+      return launch_clusters(kernel, params, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
+    };
+    // Only rows whose two stages may take more than kOneStageBlocks blocks take one stage.
+    if constexpr (kMostStagedBlocks<mask_t> > kOneStageBlocks) {
+      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1, false>, p, 1);
+    }
+    if (blocks_per_row <= kMostDrawnClusterBlocks) {
+      const at::Tensor next_row = zeroed_row_counter();
+      ForwardParams drawn = p;
+      drawn.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
+      return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, true>, drawn, kStagedRows);
+    }
+    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, false>, p, kStagedRows);
+  }
+}
+
+// Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
+// them, by forward_in_registers otherwise; returns false, launching nothing, for causal rows of kCausalTwoPassColumns
+// or more that forward_staged does not take.
+template <typename scalar_t, typename mask_t, int VEC>
+bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
+  // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
+  static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
+  return with_iters(plan.iters, [&](auto iters) {
+    constexpr int kIters = decltype(iters)::value;
+    return with_flag(p.is_causal, [&](auto causal) {
+      const auto launch = [&](auto one_reduction) {
+        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
+          return true;
+        }
+        if (causal() && p.cols >= kCausalTwoPassColumns<scalar_t>) return false;
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
+            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+        return true;
+      };
+      // Only the kernels a row can reach are instantiated: below kTargetIters vectors a thread, rows are shared by
+      // groups of lanes, which reduce twice (as fp64 scores always do); above it, by blocks that reduce once.
+      if constexpr (!std::is_same_v<acc_t, float> || kIters < kTargetIters) {
+        return launch(std::false_type{});
+      } else if constexpr (kIters > kTargetIters) {
+        return launch(std::true_type{});
+      } else {
+        return with_flag(plan.width >= kOneReductionThreads, launch);
+      }
+    });
+  });
+}
+
+template <typename scalar_t, typename mask_t, int VEC>
+void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
+  const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
+  if (plan.in_registers && !long_causal) {
+    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
+    return;
+  }
+  if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
+    forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
+    return;
+  }
+  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
+  if constexpr (kClusterForwardsMask<mask_t>) {
+    if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
+                          forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
+                          forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+      return;
+    }
+  }
+  with_flag(p.is_causal, [&](auto causal) {
+    constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal()>;
+    launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp>, p,
+                    VEC, stream);
+  });
+}
+
+}  // namespace
+
+// Declared in forward_launch.h; instantiated once a dtype, in forward_<dtype>.cu.
+template <typename scalar_t>
+void launch_forward(const ForwardParams& p, MaskKind mask_kind, cudaStream_t stream) {
+  dispatch_mask<scalar_t>(mask_kind, [&](auto mask_tag) {
+    using mask_t = typename decltype(mask_tag)::type;
+    // 16-byte vectors when every row of x, mask and y starts aligned; element by element otherwise.
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool aligned = p.cols % kVec == 0 &&
+                         rows_aligned(p.x, p.x_strides, p.shape, kVec, sizeof(scalar_t)) &&
+                         rows_aligned(p.y, contiguous_row_strides(p.shape, p.cols), p.shape, kVec, sizeof(scalar_t)) &&
+                         (p.mask == nullptr ||
+                          rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes_v<mask_t>));
+    if (aligned) {
+      forward_ladder<scalar_t, mask_t, kVec>(p, stream);
+    } else {
+      forward_ladder<scalar_t, mask_t, 1>(p, stream);
+    }
+  });
+}
+
+}  // namespace sms
