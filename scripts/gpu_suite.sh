@@ -14,7 +14,7 @@ status=0
 for stage in "${stages[@]}"; do
   case "$stage" in
     build) python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 ;;
-    tests) python3 -m pytest -q -s -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    tests) python3 -m pytest -q -s -p no:cacheprovider --durations=25 >"$OUT/tests.log" 2>&1 ;;
     fuzz) SCALED_MASK_SOFTMAX_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-2000}" \
             python3 -m pytest -q -p no:cacheprovider tests/test_properties.py >"$OUT/fuzz.log" 2>&1 ;;
     check) python3 -m scaled_mask_softmax check >"$OUT/check.log" 2>&1 ;;
