@@ -139,10 +139,9 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 }
 
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise; returns false, launching nothing, for causal rows of kCausalTwoPassColumns
-// or more that forward_staged does not take.
+// them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
 template <typename scalar_t, typename mask_t, int VEC>
-bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
@@ -154,7 +153,7 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, cudaStream
         if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
           return true;
         }
-        if (causal() && p.cols >= kCausalTwoPassColumns<scalar_t>) return false;
+        if (!unstaged_too) return false;
         forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         return true;
@@ -178,14 +177,14 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
   if (plan.in_registers && !long_causal) {
-    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream);
+    launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
     return;
   }
   if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
     forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
     return;
   }
-  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, stream)) return;
+  if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
