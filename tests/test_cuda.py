@@ -119,6 +119,19 @@ def test_rows_staged_through_shared_memory(dtype, cols, mask_form):
     assert_matches_reference_with(random_scores((2, 3, 5, cols), dtype, "cuda").requires_grad_(), mask_form, 0.7)
 
 
+# Causal rows of 16,384 16-bit columns (fp32: 8192) with a bool mask whose rows start 8 bytes (fp32: 4) past a 16-byte
+# boundary: x is read in 16-byte vectors, but the mask rows are not whole 16-byte words, so forward_staged does not take
+# them and they take two passes; beside them the same rows with the mask in words, which forward_staged takes on sm_90.
+@pytest.mark.parametrize("dtype, cols, offset", [(torch.bfloat16, 16384, 8), (torch.bfloat16, 16384, 0),
+                                                 (torch.float32, 8192, 4), (torch.float32, 8192, 0)])
+def test_long_causal_rows_whose_mask_is_not_in_words(dtype, cols, offset):
+    x = random_scores((2, 3, 6, cols), dtype, "cuda").requires_grad_()
+    keep = torch.rand((2, 1, 1, cols + offset), generator=torch.Generator().manual_seed(3)) > 0.3
+    mask = keep.to("cuda")[..., offset:]
+    assert mask.data_ptr() % 16 == offset
+    assert_forward_backward_match(x, mask, 0.7, True, "lower_right")
+
+
 # Many more rows than forward_staged's persistent grid holds at once, so that each block goes round its stages
 # several times (the staged tests above give each block one row): on an H200, bf16 rows of 16,384 columns in two
 # blocks a multiprocessor, causal rows of 4096 columns in eight.
