@@ -79,12 +79,17 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
+// Causal rows beyond one block's registers that see at most 1/kNarrowedParts of their keys are narrowed to what they
+// see (narrowed_to_visible): bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (benchmarks/NOTES.md,
+// version 63). Rows that see more were not measured narrowed.
+constexpr int kNarrowedParts = 4;
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
-    if (const std::optional<BackwardParams> narrowed = narrowed_to_visible(p, p.dx, sizeof(scalar_t), stream)) {
+    if (const std::optional<BackwardParams> narrowed = narrowed_to_visible(p, p.dx, sizeof(scalar_t), kNarrowedParts, stream)) {
       backward_ladder<scalar_t, VEC, kCausal>(*narrowed, stream);
       return;
     }

@@ -489,7 +489,7 @@ struct TwoPassShape {
 // (48 registers) measured slower on these rows (v17). Causal rows, a lone block a row, which read on average half a
 // row each and pay a row's chain of reductions: 16-bit ones at five blocks of two vectors with pass 2's fast form
 // (which spilled at four blocks of four vectors); fp32 ones at four blocks, where five measured slower (v13, v17).
-// (Rows that see at most a quarter of their keys never come here: narrowed_to_visible.) Otherwise one block, which
+// (Rows that see at most half their keys never come here: narrowed_to_visible.) Otherwise one block, which
 // ptxas meets with about 96 registers and two blocks; with a 16-bit mask, which doubles what a slice holds, fewer
 // slices at once leave pass 2 finding them in L2 (v10). fp32 results keep pass 2's plain form: with a bool mask at
 // 262,144 columns the fused one measured 6% slower (v16). launch_two_pass sizes slices by kUnroll vectors a thread,

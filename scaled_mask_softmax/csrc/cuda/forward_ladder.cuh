@@ -20,12 +20,19 @@ namespace {
 // reads and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns,
 // where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in
 // two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are
-// narrowed first where they see at most a quarter of their keys (narrowed_to_visible); the others take forward_staged
-// where it takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384
-// columns 1.126 -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes
-// where it does not (a mask row not in whole 16-byte words, a device other than sm_90).
+// narrowed first where they see at most 1/kNarrowedParts of their keys; the others take forward_staged where it
+// takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384 columns 1.126
+// -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes where it does
+// not (a mask row not in whole 16-byte words, a device other than sm_90).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
+
+// Causal rows that see at most 1/kNarrowedParts of their keys (upper-left, at most half as many queries as keys) are
+// narrowed to what they see (narrowed_to_visible) where they would leave the register kernels. Where they see a
+// quarter to a half, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor at 16,384 bf16 and
+// fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15; fp32 of 8192 columns 1.09-1.15 staged, 1.04-1.07 narrowed
+// (benchmarks/NOTES.md, v92).
+constexpr int kNarrowedParts = 2;
 
 // Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
 // of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
@@ -180,7 +187,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
     return;
   }
-  if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), stream)) {
+  if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), kNarrowedParts, stream)) {
     forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
     return;
   }

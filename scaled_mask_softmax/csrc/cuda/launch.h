@@ -338,12 +338,6 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-// Causal rows whose longest visible part is at most a quarter of the row: nearly all zeros to write.
-template <typename Params>
-bool mostly_hidden(const Params& p) {
-  return p.is_causal && 4 * (p.queries.value + p.causal_offset) <= p.cols;
-}
-
 // Zeroes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
 // neighbouring threads on neighbouring words, as a memset writes.
 constexpr int kZeroThreads = 256;
@@ -358,19 +352,22 @@ __global__ void __launch_bounds__(kZeroThreads)
   out[row * row_words + from + column] = Word{};
 }
 
-// Where mostly_hidden rows would take a two-pass kernel, which pays each row's chain of loads and reductions in one
-// block: zeroes every row of `output` (rows output_row_stride elements of `element_bytes` apart) from a column past
-// what any row sees, and returns p narrowed to the columns before it, which rows short enough for the register and
-// staged kernels hold. The zeros are written as a memset writes them, from every multiprocessor at once; a memset
-// of the whole output first and a kernel writing only what the rows see measured 20-25% slower at 65,536 bf16
-// columns, its rows' chains no longer hidden behind their zeros (benchmarks/NOTES.md, v19 and v86).
+// Where causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): zeroes every row of
+// `output` (rows output_row_stride elements of `element_bytes` apart) from a column past what any row sees, and
+// returns p narrowed to the columns before it, so that kernels sized for the rows' visible part take them, rather than
+// a kernel sized for the whole row which pays each row's chain of loads and reductions over its hidden part too. The
+// zeros are written as a memset writes them, from every multiprocessor at once; a memset of the whole output first
+// and a kernel writing only what the rows see measured 20-25% slower at 65,536 bf16 columns, its rows' chains no
+// longer hidden behind their zeros (benchmarks/NOTES.md, v19 and v86).
 template <typename Params>
-std::optional<Params> narrowed_to_visible(const Params& p, void* output, int64_t element_bytes,
+std::optional<Params> narrowed_to_visible(const Params& p, void* output, int64_t element_bytes, int parts,
                                           cudaStream_t stream) {
   // Whole 128-byte lines of 16-bit rows before the zeros.
   constexpr int64_t kColumnsAlike = 64;
-  const int64_t columns = round_up(std::max<int64_t>(p.queries.value + p.causal_offset, 1), kColumnsAlike);
-  if (!mostly_hidden(p) || columns >= p.cols) return std::nullopt;
+  const int64_t longest_visible = p.queries.value + p.causal_offset;
+  if (!p.is_causal || parts * longest_visible > p.cols) return std::nullopt;
+  const int64_t columns = round_up(std::max<int64_t>(longest_visible, 1), kColumnsAlike);
+  if (columns >= p.cols) return std::nullopt;
   const auto zero = [&](auto word) {
     using Word = decltype(word);
     const int64_t words_per_row = (p.cols - columns) * element_bytes / sizeof(Word);
