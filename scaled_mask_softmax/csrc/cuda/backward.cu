@@ -89,7 +89,8 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
-    if (const std::optional<BackwardParams> narrowed = narrowed_to_visible(p, p.dx, sizeof(scalar_t), kNarrowedParts, stream)) {
+    if (const std::optional<BackwardParams> narrowed =
+            narrowed_to_visible(p, p.dx, sizeof(scalar_t), kNarrowedParts, stream)) {
       backward_ladder<scalar_t, VEC, kCausal>(*narrowed, stream);
       return;
     }

@@ -187,7 +187,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
     return;
   }
-  if (const std::optional<ForwardParams> narrowed = narrowed_to_visible(p, p.y, sizeof(scalar_t), kNarrowedParts, stream)) {
+  if (const std::optional<ForwardParams> narrowed =
+          narrowed_to_visible(p, p.y, sizeof(scalar_t), kNarrowedParts, stream)) {
     forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
     return;
   }
