@@ -275,22 +275,25 @@ def test_infinity_and_nan_give_nan_rows_as_torch_softmax(device, dtype, cols):
         assert y[finite_rows].isfinite().all() and dx[finite_rows].isfinite().all()
 
 
+# Rows of 16,384 and 16,383 columns: four queries see at most four keys, and the GPU narrows them to their first 64
+# columns, writing the rest of y and dx apart (at 16,383 fp32 columns in 2-byte words).
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("cols", [5, 3000])
-def test_causal_row_with_nan_is_nan_everywhere(device, cols):
+@pytest.mark.parametrize("dtype, cols", [(torch.float32, 5), (torch.float32, 3000), (torch.float32, 16384),
+                                         (torch.float32, 16383), (torch.bfloat16, 16384)])
+def test_causal_row_with_nan_is_nan_everywhere(device, dtype, cols):
     """With is_causal, a row whose visible scores hold +inf or NaN is NaN at every position, the hidden ones
     included, as torch.softmax gives after filling the hidden scores with -inf. Its gradient is NaN at the
     visible keys and 0 at the hidden ones, as the composite's masked_fill passes back. Other rows are untouched."""
-    x = random_scores((4, cols), torch.float32, "cpu")
+    x = random_scores((4, cols), dtype, "cpu")
     x[1, 0] = INF
     x[2, 1] = NAN
     x = x.to(device)
     y, dx, dy = forward_backward(x, is_causal=True)
     y_torch, dx_torch = torch_softmax_forward_backward(x, 1.0, dy, is_causal=True)
-    assert_close_to(y, y_torch, torch.float32)
+    assert_close_to(y, y_torch, dtype)
     assert torch.equal(dx.isnan().cpu(), dx_torch.isnan().cpu()) and dx[1:3].isnan().any()
     assert not dx[1:3].nan_to_num().any()
-    assert_close_to(dx[[0, 3]], dx_torch[[0, 3]], torch.float32, scale=4)
+    assert_close_to(dx[[0, 3]], dx_torch[[0, 3]], dtype, scale=4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

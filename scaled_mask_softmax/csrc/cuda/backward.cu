@@ -89,9 +89,11 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
-    if (const std::optional<BackwardParams> narrowed =
-            narrowed_to_visible(p, p.dx, sizeof(scalar_t), kNarrowedParts, stream)) {
-      backward_ladder<scalar_t, VEC, kCausal>(*narrowed, stream);
+    const auto launch_narrowed = [&](const BackwardParams& narrowed) {
+      backward_ladder<scalar_t, VEC, kCausal>(narrowed, stream);
+    };
+    if (narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, static_cast<scalar_t*>(p.dx), kNarrowedParts, stream,
+                                                        launch_narrowed)) {
       return;
     }
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,

@@ -187,9 +187,11 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
     return;
   }
-  if (const std::optional<ForwardParams> narrowed =
-          narrowed_to_visible(p, p.y, sizeof(scalar_t), kNarrowedParts, stream)) {
-    forward_ladder<scalar_t, mask_t, VEC>(*narrowed, stream);
+  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
+    forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
+  };
+  if (narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), kNarrowedParts, stream,
+                                                    launch_narrowed)) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;
