@@ -368,20 +368,24 @@ __global__ void __launch_bounds__(kTailThreads)
   row_start[from + column] = value;
 }
 
-// Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): launch(narrowed),
-// narrowed being p taken up to the first multiple of 64 columns past what any row sees, so that kernels sized for the
-// rows' visible part take them, rather than a kernel sized for the whole row which pays each row's chain of loads and
-// reductions over its hidden part too; then the rest of each row of `output` by write_row_tails (with
-// kNaNRowsStayNaN for y, whose NaN rows it reads, hence after the launch); and true. Otherwise false, having launched
-// nothing. The tails are written as a memset writes, from every multiprocessor at once; a memset of the whole output
-// first and a kernel writing only what the rows see measured 20-25% slower at 65,536 bf16 columns, its rows' chains
-// no longer hidden behind their zeros (benchmarks/NOTES.md, v19 and v86).
+// Causal rows that see at most 1/kNarrowedParts of their keys (upper-left, at most half as many queries as keys) may
+// be narrowed to what they see (narrowed_to_visible).
+constexpr int kNarrowedParts = 2;
+
+// Where p's causal rows see at most 1/kNarrowedParts of their keys: launch(narrowed), narrowed being p taken up to the
+// first multiple of 64 columns past what any row sees, so that kernels sized for the rows' visible part take them,
+// rather than a kernel sized for the whole row which pays each row's chain of loads and reductions over its hidden part
+// too; then the rest of each row of `output` by write_row_tails (with kNaNRowsStayNaN for y, whose NaN rows it reads,
+// hence after the launch); and true. Otherwise false, having launched nothing. The tails are written as a memset
+// writes, from every multiprocessor at once; a memset of the whole output first and a kernel writing only what the rows
+// see measured 20-25% slower at 65,536 bf16 columns, its rows' chains no longer hidden behind their zeros
+// (benchmarks/NOTES.md, v19 and v86).
 template <bool kNaNRowsStayNaN, typename scalar_t, typename Params, typename Launch>
-bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStream_t stream, const Launch& launch) {
+bool narrowed_to_visible(const Params& p, scalar_t* output, cudaStream_t stream, const Launch& launch) {
   // Whole 128-byte lines of 16-bit rows before the tails.
   constexpr int64_t kColumnsAlike = 64;
   const int64_t longest_visible = p.queries.value + p.causal_offset;
-  if (!p.is_causal || parts * longest_visible > p.cols) return false;
+  if (!p.is_causal || kNarrowedParts * longest_visible > p.cols) return false;
   const int64_t columns = round_up(std::max<int64_t>(longest_visible, 1), kColumnsAlike);
   if (columns >= p.cols) return false;
   Params narrowed = p;
