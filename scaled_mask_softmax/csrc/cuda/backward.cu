@@ -79,25 +79,33 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
-// Causal rows of at least this many columns that see at most 1/kNarrowedParts of their keys are narrowed to what they
-// see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys, ours over the
-// floor (benchmarks/NOTES.md, v93): bf16 rows of 2048-8192 columns 1.13-1.18 -> 1.05-1.07, of 16,384 1.10 -> 1.04;
-// fp32 1.04-1.10 -> 1.03-1.04; of 1024 columns 1% slower, of 256 3-10% slower. bf16 rows of 65,536 columns that see a
-// sixteenth of their keys: 1.15 -> 1.01 (version 63).
-constexpr int64_t kBackwardNarrowedFromColumns = 2048;
+// Causal rows of a length within kHalfNarrowedColumns that see at most half their keys are narrowed to what they see
+// (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys, ours over the floor
+// (benchmarks/NOTES.md, v93 and version 68): bf16 rows of 2048-8192 columns 1.13-1.19 -> 1.04-1.06, of 16,384 1.10 ->
+// 1.03; fp32 1.04-1.10 -> 1.02-1.04. Of 1024 columns 1% slower and of 256 3-10% slower. Longer rows were mixed: at
+// 32,768 columns bf16 1.22 -> 1.07 but fp32 1.06 -> 1.08, at 65,536 bf16 1.05 -> 1.13 but fp32 1.11 -> 1.01.
+constexpr std::pair<int64_t, int64_t> kHalfNarrowedColumns = {2048, 16384};
+
+// Causal rows beyond one block's registers that see at most a quarter of their keys are narrowed to what they see:
+// bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (version 63).
+constexpr int kLongRowNarrowedParts = 4;
 
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const auto launch_narrowed = [&](const BackwardParams& narrowed) {
     backward_ladder<scalar_t, VEC, kCausal>(narrowed, stream);
   };
-  if (p.cols >= kBackwardNarrowedFromColumns &&
-      narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, static_cast<scalar_t*>(p.dx), stream, launch_narrowed)) {
+  scalar_t* const dx = static_cast<scalar_t*>(p.dx);
+  if (p.cols >= kHalfNarrowedColumns.first && p.cols <= kHalfNarrowedColumns.second &&
+      narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, dx, 2, stream, launch_narrowed)) {
     return;
   }
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
+    if (narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
+      return;
+    }
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
                            backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, VEC,
                            backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {

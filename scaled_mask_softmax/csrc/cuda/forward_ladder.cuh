@@ -187,7 +187,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
   };
   if (p.cols >= kNarrowedFromColumns &&
-      narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), stream, launch_narrowed)) {
+      narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), 2, stream, launch_narrowed)) {
     return;
   }
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
