@@ -15,26 +15,24 @@ namespace sms {
 namespace {
 
 
-// Causal rows of at least this many columns leave the register kernel even where they fit its registers: its block pays
-// a whole row's chain of loads, reductions and stores however few keys the row sees, where the two-pass kernel reads
-// and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns, where the
-// two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in two passes
-// (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are narrowed first
-// where they see at most half their keys; the others take forward_staged where it takes them, which draws its rows in
-// order (v81) and measured faster than two passes: bf16 of 16,384 columns 1.126 -> 1.107 of the floor, fp32 of 8192
-// 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes where it does not (a mask row not in whole 16-byte
-// words, a device other than sm_90).
+// Causal rows of at least this many columns leave the register kernel even where they fit its registers: its block
+// pays a whole row's chain of loads, reductions and stores however few keys the row sees, where the two-pass kernel
+// reads and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns,
+// where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in
+// two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are
+// narrowed first where they see at most 1/kNarrowedParts of their keys; the others take forward_staged where it
+// takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384 columns 1.126
+// -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes where it does
+// not (a mask row not in whole 16-byte words, a device other than sm_90).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
-// Causal rows of at least this many columns that see at most 1/kNarrowedParts of their keys are narrowed to what they
-// see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys, ours over the
-// floor (benchmarks/NOTES.md, v93): bf16 rows of 2048 columns 1.25 -> 1.09, with key padding 1.42 -> 1.16, of 8192
-// 1.15 -> 1.08 and 1.27 -> 1.14; fp32 of 2048 and 4096 1.16-1.27 -> 1.05-1.08; of 1024 bf16 2-3% faster, fp32 within
-// 0.4% and, with key padding, 6% faster; of 256 no faster (fp32 up to 3% slower). Rows that would leave the register
-// kernels: forward_staged's blocks, sized for the whole row, took 1.15-1.30 at 16,384 columns, two passes 1.07-1.14,
-// narrowed 1.02-1.15 (v92).
-constexpr int64_t kNarrowedFromColumns = 1024;
+// Causal rows that see at most 1/kNarrowedParts of their keys (upper-left, at most half as many queries as keys) are
+// narrowed to what they see (narrowed_to_visible) where they would leave the register kernels. Where they see a
+// quarter to a half, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor at 16,384 bf16 and
+// fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15; fp32 of 8192 columns 1.09-1.15 staged, 1.04-1.07 narrowed
+// (benchmarks/NOTES.md, v92).
+constexpr int kNarrowedParts = 2;
 
 // Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
 // of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
@@ -183,17 +181,17 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
-    forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
-  };
-  if (p.cols >= kNarrowedFromColumns &&
-      narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), 2, stream, launch_narrowed)) {
-    return;
-  }
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
   if (plan.in_registers && !long_causal) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
+    return;
+  }
+  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
+    forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
+  };
+  if (narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), kNarrowedParts, stream,
+                                                    launch_narrowed)) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;

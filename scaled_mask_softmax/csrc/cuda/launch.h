@@ -339,48 +339,33 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-// Writes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart, neighbouring threads on
-// neighbouring words, as a memset writes. Zeros; with kNaNRowsStayNaN, NaN in the rows whose first element is NaN,
-// the rows that saw a NaN or +inf score, all of whose other elements, hidden ones included, are NaN too (as
-// torch.softmax gives).
+// Writes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
+// neighbouring threads on neighbouring words, as a memset writes. Zeros; with kNaNRowsStayNaN, NaN in the rows whose
+// first element is NaN, the rows that saw a NaN or +inf score, all of whose other elements, hidden ones included, are
+// NaN too (as torch.softmax gives).
 constexpr int kTailThreads = 256;
-
-// Words a thread of write_row_tails writes where it reads the rows' first elements: its loads go out together, ahead
-// of its stores, so that their wait is paid once for all of them. A word a thread, each store waiting on its load,
-// measured 5-8% slower over a narrowed forward than zeros alone at 16,384-262,144 columns (benchmarks/NOTES.md,
-// version 68).
-constexpr int kTailWordsReadingRows = 8;
 
 template <typename scalar_t, typename Word, bool kNaNRowsStayNaN>
 __global__ void __launch_bounds__(kTailThreads)
     write_row_tails(Word* out, int64_t row_words, int64_t from, Divisor words_per_row, int64_t words) {
-  constexpr int kWords = kNaNRowsStayNaN ? kTailWordsReadingRows : 1;
-  // 0x7fff in every 16 bits reads as NaN in half, bfloat16, float and double alike.
-  constexpr uint32_t kNaNBits = 0x7fff7fff;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTailThreads * kWords + threadIdx.x;
-  Word* targets[kWords];
-  Word values[kWords];
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) {
-    int64_t column;
-    const int64_t row = words_per_row.quotient(std::min(first + i * kTailThreads, words - 1), column);
-    Word* row_start = out + row * row_words;
-    targets[i] = row_start + from + column;
-    values[i] = Word{};
-    if constexpr (kNaNRowsStayNaN) {
-      if (at::_isnan(*reinterpret_cast<const scalar_t*>(row_start))) {
-        if constexpr (std::is_same_v<Word, uint4>) {
-          values[i] = make_uint4(kNaNBits, kNaNBits, kNaNBits, kNaNBits);
-        } else {
-          values[i] = static_cast<Word>(kNaNBits);
-        }
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * kTailThreads + threadIdx.x;
+  if (word >= words) return;
+  int64_t column;
+  const int64_t row = words_per_row.quotient(word, column);
+  Word* row_start = out + row * row_words;
+  Word value{};
+  if constexpr (kNaNRowsStayNaN) {
+    // 0x7fff in every 16 bits reads as NaN in half, bfloat16, float and double alike.
+    constexpr uint32_t kNaNBits = 0x7fff7fff;
+    if (at::_isnan(*reinterpret_cast<const scalar_t*>(row_start))) {
+      if constexpr (std::is_same_v<Word, uint4>) {
+        value = make_uint4(kNaNBits, kNaNBits, kNaNBits, kNaNBits);
+      } else {
+        value = static_cast<Word>(kNaNBits);
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) {
-    if (first + i * kTailThreads < words) *targets[i] = values[i];
-  }
+  row_start[from + column] = value;
 }
 
 // Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): launch(narrowed),
@@ -390,7 +375,10 @@ __global__ void __launch_bounds__(kTailThreads)
 // for y, whose NaN rows it reads, hence after the launch); and true. Otherwise false, having launched nothing. The
 // tails are written as a memset writes, from every multiprocessor at once; a memset of the whole output first and a
 // kernel writing only what the rows see measured 20-25% slower at 65,536 bf16 columns, its rows' chains no longer
-// hidden behind their zeros (benchmarks/NOTES.md, v19 and v86).
+// hidden behind their zeros (benchmarks/NOTES.md, v19 and v86). Written after the launch, each word waiting on its
+// row's first element, y's tails cost a narrowed forward 5-8% against zeros written before it at 16,384-262,144
+// columns; eight words a thread, their reads ahead of their stores, was slower still (version 68). Zeros first left a
+// NaN row's tail zero.
 template <bool kNaNRowsStayNaN, typename scalar_t, typename Params, typename Launch>
 bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStream_t stream, const Launch& launch) {
   // Whole 128-byte lines of 16-bit rows before the tails.
@@ -406,9 +394,8 @@ bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStrea
     using Word = decltype(word);
     const int64_t words_per_row = (p.cols - columns) * sizeof(scalar_t) / sizeof(Word);
     const int64_t words = p.rows * words_per_row;
-    const int64_t words_a_block = kTailThreads * (kNaNRowsStayNaN ? kTailWordsReadingRows : 1);
     write_row_tails<scalar_t, Word, kNaNRowsStayNaN>
-        <<<static_cast<unsigned>(ceil_div(words, words_a_block)), kTailThreads, 0, stream>>>(
+        <<<static_cast<unsigned>(ceil_div(words, kTailThreads)), kTailThreads, 0, stream>>>(
             reinterpret_cast<Word*>(output), p.output_row_stride * sizeof(scalar_t) / sizeof(Word),
             columns * sizeof(scalar_t) / sizeof(Word), Divisor(words_per_row), words);
   };
