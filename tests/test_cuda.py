@@ -147,6 +147,30 @@ def test_long_causal_rows_whose_mask_is_not_in_words(dtype, cols, offset):
     assert_forward_backward_match(x, mask, 0.7, True, "lower_right")
 
 
+# As above, rows taken whole in two passes (mask rows not in words) or staged (in words), each but the last hiding its
+# last few keys: one row's visible scores hold +inf, another's NaN. Those rows are NaN at every position, the hidden
+# ones included, as the float64 reference is; their gradients NaN where visible and 0 where hidden.
+@pytest.mark.parametrize("dtype, cols, offset", [(torch.bfloat16, 16384, 8), (torch.bfloat16, 16384, 0),
+                                                 (torch.float32, 8192, 4), (torch.float32, 8192, 0)])
+def test_long_causal_rows_that_saw_nan_are_nan_everywhere(dtype, cols, offset):
+    x = random_scores((6, cols), dtype, "cpu")
+    x[1, 0] = float("inf")
+    x[2, 7] = float("nan")
+    x = x.to("cuda").requires_grad_()
+    keep = torch.rand((cols + offset,), generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[offset:offset + 8] = True
+    mask = keep.to("cuda")[offset:]
+    assert mask.data_ptr() % 16 == offset
+    y = sms.scaled_mask_softmax(x, mask, 0.7, True, "lower_right")
+    dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.7, True, "lower_right", dy)
+    assert y[1:3].isnan().all() and not y[[0, 3, 4, 5]].isnan().any()
+    assert_close_to(y, y_ref, dtype)
+    assert torch.equal(x.grad.isnan().cpu(), dx_ref.isnan().cpu()) and not x.grad[1:3, -1].nan_to_num().any()
+    assert_close_to(x.grad[[0, 3, 4, 5]], dx_ref[[0, 3, 4, 5]], dtype, scale=4)
+
+
 # Many more rows than forward_staged's persistent grid holds at once, so that each block goes round its stages
 # several times (the staged tests above give each block one row): on an H200, bf16 rows of 16,384 columns in two
 # blocks a multiprocessor, causal rows of 4096 columns in eight.

@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
         g.store_gradient(col, raw, row_dot);
       }
     });
-    store_zeros<VEC>(g.dx, past, slice.end, step);
+    store_filled<VEC>(g.dx, past, slice.end, step, scalar_t(0));
   }
   if (blocks_per_row > 1) exchange.finish();
 }

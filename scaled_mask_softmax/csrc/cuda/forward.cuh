@@ -558,7 +558,9 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
         // A whole vector lies before visible_end, which clip() put at or before the slice's end.
         if ((kFastExp && decltype(whole)::value) || col < slice.end) store_vector<VEC>(y, col, s);
       });
-      store_zeros<VEC>(y, past, slice.end, step);
+      // Past the visible keys, zeros; NaN in a row that saw a NaN or +inf score (its sum NaN), as all the rest of it.
+      const scalar_t hidden = at::_isnan(stats.sum) ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0);
+      store_filled<VEC>(y, past, slice.end, step, hidden);
     });
   }
   if (blocks_per_row > 1) exchange.finish();

@@ -136,13 +136,13 @@ __device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&va
   store_bits<VEC, kEvictFirst>(row, col, converted<T>(values));
 }
 
-// Zeros in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
+// `value` in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
 template <int VEC, typename T>
-__device__ __forceinline__ void store_zeros(T* row, int64_t from, int64_t end, int64_t step) {
-  Vector<T, VEC> zeros;
+__device__ __forceinline__ void store_filled(T* row, int64_t from, int64_t end, int64_t step, T value) {
+  Vector<T, VEC> filled;
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) zeros.element[i] = T(0);
-  for (int64_t col = from; col < end; col += step) store_bits(row, col, zeros);
+  for (int i = 0; i < VEC; ++i) filled.element[i] = value;
+  for (int64_t col = from; col < end; col += step) store_bits(row, col, filled);
 }
 
 // The elements of `vector` in acc_t. bf16 pairs are widened a 32-bit word at a time, one instruction an element
