@@ -4,8 +4,6 @@
 
 #include <c10/cuda/CUDAException.h>
 
-#include <optional>
-
 #include "../binding.h"
 #include "alignment.h"
 #include "forward.cuh"

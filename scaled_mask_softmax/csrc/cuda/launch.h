@@ -11,7 +11,6 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <tuple>
 #include <type_traits>
 
