@@ -79,12 +79,12 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
-// Causal rows of a length within kHalfNarrowedColumns that see at most half their keys are narrowed to what they see
-// (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys, ours over the floor
-// (benchmarks/NOTES.md, v93 and version 68): bf16 rows of 2048-8192 columns 1.13-1.19 -> 1.04-1.06, of 16,384 1.10 ->
-// 1.03; fp32 1.04-1.10 -> 1.02-1.04. Of 1024 columns 1% slower and of 256 3-10% slower. Longer rows were mixed: at
-// 32,768 columns bf16 1.22 -> 1.07 but fp32 1.06 -> 1.08, at 65,536 bf16 1.05 -> 1.13 but fp32 1.11 -> 1.01.
-constexpr std::pair<int64_t, int64_t> kHalfNarrowedColumns = {2048, 16384};
+// Causal rows of kHalfNarrowedFromColumns to kHalfNarrowedUpToColumns columns that see at most half their keys are
+// narrowed to what they see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries
+// as keys, ours over the floor (benchmarks/NOTES.md, v93 and version 68): bf16 rows of 2048-8192 columns 1.13-1.19 ->
+// 1.04-1.06, of 16,384 1.10 -> 1.03; fp32 1.04-1.10 -> 1.02-1.04. Longer rows were mixed: at 32,768 columns bf16 1.22
+// -> 1.07 but fp32 1.06 -> 1.08, at 65,536 bf16 1.05 -> 1.13 but fp32 1.11 -> 1.01.
+constexpr int64_t kHalfNarrowedUpToColumns = 16384;
 
 // Causal rows beyond one block's registers that see at most a quarter of their keys are narrowed to what they see:
 // bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (version 63).
@@ -96,14 +96,14 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     backward_ladder<scalar_t, VEC, kCausal>(narrowed, stream);
   };
   scalar_t* const dx = static_cast<scalar_t*>(p.dx);
-  if (p.cols >= kHalfNarrowedColumns.first && p.cols <= kHalfNarrowedColumns.second &&
-      narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, dx, 2, stream, launch_narrowed)) {
+  if (p.cols >= kHalfNarrowedFromColumns && p.cols <= kHalfNarrowedUpToColumns &&
+      narrowed_to_visible(p, dx, 2, stream, launch_narrowed)) {
     return;
   }
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
   if (!plan.in_registers) {
-    if (narrowed_to_visible</*kNaNRowsStayNaN=*/false>(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
+    if (narrowed_to_visible(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
       return;
     }
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,

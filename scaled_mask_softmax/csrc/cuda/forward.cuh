@@ -183,7 +183,7 @@ constexpr bool kIn64Registers =
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kReform, bool kSkipHidden, bool kOneReduction,
           bool kConvertFirst = false, typename Loader, typename Reduce>
 __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const RowCover& cover, Reduce&& reduce,
-                                                     scalar_t* y, int store_end) {
+                                                     scalar_t* y, int store_end, int tail_end = 0) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   auto column = [&](int i) { return cover.column(i, VEC); };
@@ -250,6 +250,15 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
     const acc_t sum = reduce(local_sum, SumOp(), acc_t(0));
     inverse = sum == acc_t(0) ? acc_t(0) : acc_t(1) / sum;
   }
+  if constexpr (kSkipHidden) {
+    // A narrowed row (narrowed_to_visible zeroed its columns from store_end to tail_end before the launch) that came
+    // out NaN: NaN there too, as all the rest of it.
+    if (tail_end > store_end && at::_isnan(inverse)) {
+      for (int col = store_end + cover.lane(); col < tail_end; col += cover.width()) {
+        y[col] = std::numeric_limits<scalar_t>::quiet_NaN();
+      }
+    }
+  }
   // Formed here once: seen through, the row's start was folded into each store's 64-bit address again (SASS, sm_90:
   // six instructions a vector where LEA and LEA.HI.X of the column do), as row_address says of the loads.
   // Only for 16-byte vectors, whose stores say they are global (store_bits); element-wise ones would turn generic.
@@ -310,7 +319,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row, kCausal), cover, reduce,
-        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row), stored ? static_cast<int>(p.cols) : 0);
+        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row), stored ? static_cast<int>(p.cols) : 0,
+        stored ? static_cast<int>(p.output_row_stride) : 0);
   }
 }
 
@@ -366,7 +376,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(loader, cover, reduce,
                                         static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row),
-                                        static_cast<int>(p.cols));
+                                        static_cast<int>(p.cols), static_cast<int>(p.output_row_stride));
   });
 #endif
 }
@@ -558,9 +568,11 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
         // A whole vector lies before visible_end, which clip() put at or before the slice's end.
         if ((kFastExp && decltype(whole)::value) || col < slice.end) store_vector<VEC>(y, col, s);
       });
-      // Past the visible keys, zeros; NaN in a row that saw a NaN or +inf score (its sum NaN), as all the rest of it.
-      const scalar_t hidden = at::_isnan(stats.sum) ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0);
-      store_filled<VEC>(y, past, slice.end, step, hidden);
+      // Past the visible keys, zeros; NaN in a row that saw a NaN or +inf score (its sum NaN), as all the rest of it,
+      // up to y's row length where the launch is narrowed (narrowed_to_visible: zeroed before it).
+      const bool nan_row = at::_isnan(stats.sum);
+      const scalar_t hidden = nan_row ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0);
+      store_filled<VEC>(y, past, nan_row && p.is_causal ? p.output_row_stride : slice.end, step, hidden);
     });
   }
   if (blocks_per_row > 1) exchange.finish();

@@ -25,11 +25,12 @@ namespace {
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
 
-// Causal rows that see at most 1/kNarrowedParts of their keys (upper-left, at most half as many queries as keys) are
-// narrowed to what they see (narrowed_to_visible) where they would leave the register kernels. Where they see a
-// quarter to a half, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor at 16,384 bf16 and
-// fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15; fp32 of 8192 columns 1.09-1.15 staged, 1.04-1.07 narrowed
-// (benchmarks/NOTES.md, v92).
+// Causal rows of kHalfNarrowedFromColumns or more that see at most 1/kNarrowedParts of their keys are narrowed to
+// what they see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys,
+// ours over the floor (benchmarks/NOTES.md, v94): bf16 of 2048 columns 1.25-1.41 -> 1.09-1.16, of 4096 1.21-1.25 ->
+// 1.13-1.23, of 8192 1.15-1.27 -> 1.08-1.14; fp32 of 2048 1.14-1.19 -> 1.05-1.06, of 4096 1.16-1.28 -> 1.07. Where
+// rows would leave the register kernels, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor
+// at 16,384 bf16 and fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15 (v92).
 constexpr int kNarrowedParts = 2;
 
 // Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
@@ -179,17 +180,16 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
+  if (p.cols >= kHalfNarrowedFromColumns &&
+      narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kNarrowedParts, stream, [&](const ForwardParams& narrowed) {
+        forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
+      })) {
+    return;
+  }
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
   const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
   if (plan.in_registers && !long_causal) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
-    return;
-  }
-  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
-    forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
-  };
-  if (narrowed_to_visible</*kNaNRowsStayNaN=*/true>(p, static_cast<scalar_t*>(p.y), kNarrowedParts, stream,
-                                                    launch_narrowed)) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;

@@ -100,6 +100,8 @@ struct RowCover {
   __device__ __forceinline__ int row_step() const { return row_step_; }
   // The first column of the thread's i-th vector of `vec` elements (rows in registers are far shorter than 2^31).
   __device__ __forceinline__ int column(int i, int vec) const { return (i * width_ + lane_) * vec; }
+  __device__ __forceinline__ int lane() const { return lane_; }
+  __device__ __forceinline__ int width() const { return width_; }
 };
 
 // Whether any lane of the warp has a row (`has_row`, its own): where groups of lanes share a warp, they go round
@@ -338,73 +340,62 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-// Writes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
-// neighbouring threads on neighbouring words, as a memset writes. Zeros; with kNaNRowsStayNaN, NaN in the rows whose
-// first element is NaN, the rows that saw a NaN or +inf score, all of whose other elements, hidden ones included, are
-// NaN too (as torch.softmax gives).
-constexpr int kTailThreads = 256;
+// Zeroes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
+// neighbouring threads on neighbouring words, as a memset writes.
+constexpr int kZeroThreads = 256;
 
-template <typename scalar_t, typename Word, bool kNaNRowsStayNaN>
-__global__ void __launch_bounds__(kTailThreads)
-    write_row_tails(Word* out, int64_t row_words, int64_t from, Divisor words_per_row, int64_t words) {
-  const int64_t word = static_cast<int64_t>(blockIdx.x) * kTailThreads + threadIdx.x;
+template <typename Word>
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_columns(Word* out, int64_t row_words, int64_t from, Divisor words_per_row, int64_t words) {
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * kZeroThreads + threadIdx.x;
   if (word >= words) return;
   int64_t column;
   const int64_t row = words_per_row.quotient(word, column);
-  Word* row_start = out + row * row_words;
-  Word value{};
-  if constexpr (kNaNRowsStayNaN) {
-    // 0x7fff in every 16 bits reads as NaN in half, bfloat16, float and double alike.
-    constexpr uint32_t kNaNBits = 0x7fff7fff;
-    if (at::_isnan(*reinterpret_cast<const scalar_t*>(row_start))) {
-      if constexpr (std::is_same_v<Word, uint4>) {
-        value = make_uint4(kNaNBits, kNaNBits, kNaNBits, kNaNBits);
-      } else {
-        value = static_cast<Word>(kNaNBits);
-      }
-    }
-  }
-  row_start[from + column] = value;
+  out[row * row_words + from + column] = Word{};
 }
 
-// Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): launch(narrowed),
-// narrowed being p taken up to the first multiple of 64 columns past what any row sees, so that kernels sized for the
-// rows' visible part take them, rather than a kernel sized for the whole row which pays each row's chain of loads and
-// reductions over its hidden part too; then the rest of each row of `output` by write_row_tails (with kNaNRowsStayNaN
-// for y, whose NaN rows it reads, hence after the launch); and true. Otherwise false, having launched nothing. The
-// tails are written as a memset writes, from every multiprocessor at once; a memset of the whole output first and a
-// kernel writing only what the rows see measured 20-25% slower at 65,536 bf16 columns, its rows' chains no longer
-// hidden behind their zeros (benchmarks/NOTES.md, v19 and v86). Written after the launch, each word waiting on its
-// row's first element, y's tails cost a narrowed forward 5-8% against zeros written before it at 16,384-262,144
-// columns; eight words a thread, their reads ahead of their stores, was slower still (version 68). Zeros first left a
-// NaN row's tail zero.
-template <bool kNaNRowsStayNaN, typename scalar_t, typename Params, typename Launch>
+// Causal rows of at least this many columns that see at most half their keys (upper-left, at most half as many
+// queries as keys) are narrowed to what they see before any other kernel is tried, forward and backward. Shorter
+// rows are faster whole: at 1024 columns, narrowed, the forward measured 6-14% slower (its tails written after the
+// launch) and the backward 1% (v93).
+constexpr int64_t kHalfNarrowedFromColumns = 2048;
+
+// Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): zeroes every row of
+// `output` from the first multiple of 64 columns past what any row sees, then launch(narrowed), narrowed being p taken
+// up to that column, so that kernels sized for the rows' visible part take them, rather than a kernel sized for the
+// whole row which pays each row's chain of loads and reductions over its hidden part too; and returns true. Otherwise
+// false, having launched nothing. The forward's kernels make NaN the zeros of a row that comes out NaN (its columns
+// past narrowed.cols up to output_row_stride). The zeros are written as a memset writes them, from every
+// multiprocessor at once; a memset of the whole output first and a kernel writing only what the rows see measured
+// 20-25% slower at 65,536 bf16 columns, its rows' chains no longer hidden behind their zeros (benchmarks/NOTES.md, v19
+// and v86). Written after the launch instead, each word waiting on its row's first element, y's zeros cost a narrowed
+// forward 5-9% (version 68).
+template <typename scalar_t, typename Params, typename Launch>
 bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStream_t stream, const Launch& launch) {
-  // Whole 128-byte lines of 16-bit rows before the tails.
+  // Whole 128-byte lines of 16-bit rows before the zeros.
   constexpr int64_t kColumnsAlike = 64;
   const int64_t longest_visible = p.queries.value + p.causal_offset;
   if (!p.is_causal || parts * longest_visible > p.cols) return false;
   const int64_t columns = round_up(std::max<int64_t>(longest_visible, 1), kColumnsAlike);
   if (columns >= p.cols) return false;
-  Params narrowed = p;
-  narrowed.cols = columns;
-  launch(narrowed);
-  const auto write_tails = [&](auto word) {
+  const auto zero = [&](auto word) {
     using Word = decltype(word);
     const int64_t words_per_row = (p.cols - columns) * sizeof(scalar_t) / sizeof(Word);
     const int64_t words = p.rows * words_per_row;
-    write_row_tails<scalar_t, Word, kNaNRowsStayNaN>
-        <<<static_cast<unsigned>(ceil_div(words, kTailThreads)), kTailThreads, 0, stream>>>(
-            reinterpret_cast<Word*>(output), p.output_row_stride * sizeof(scalar_t) / sizeof(Word),
-            columns * sizeof(scalar_t) / sizeof(Word), Divisor(words_per_row), words);
+    zero_columns<Word><<<static_cast<unsigned>(ceil_div(words, kZeroThreads)), kZeroThreads, 0, stream>>>(
+        reinterpret_cast<Word*>(output), p.output_row_stride * sizeof(scalar_t) / sizeof(Word),
+        columns * sizeof(scalar_t) / sizeof(Word), Divisor(words_per_row), words);
   };
   // 16-byte words where rows start 16-byte aligned (output is a fresh allocation); 2-byte ones otherwise.
   if (p.output_row_stride * sizeof(scalar_t) % 16 == 0) {
-    write_tails(uint4{});
+    zero(uint4{});
   } else {
-    write_tails(uint16_t{});
+    zero(uint16_t{});
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  Params narrowed = p;
+  narrowed.cols = columns;
+  launch(narrowed);
   return true;
 }
 
