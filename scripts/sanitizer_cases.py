@@ -55,7 +55,7 @@ def main() -> int:
                 for is_causal in (False, True):
                     failures += failed(x, mask, mask_name, is_causal, "lower_right")
         # Causal rows that see few of their keys (upper-left, three queries), which the two-pass kernels would take:
-        # the kernels take their first 64 columns and zero_columns the rest of y and dx first (by 2-byte words at 65537).
+        # the kernels take their first 64 columns and zero_columns the rest of y and dx (by 2-byte words at 65537).
         for cols in (20000, 65537, 262144):
             x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
             failures += failed(x, None, "none", True, "upper_left")
