@@ -10,7 +10,8 @@ mask that the staged kernel below does not take; in clusters of 8 at eight vecto
 take four: fp32 at 100000, 16-bit at 131080; in the forward, each slice brought into shared memory first where its
 mask is whole 16-byte words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a
 cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal
-rows that see few of their keys, narrowed to the columns they can see, the rest of their output zeroed apart.
+rows that see few of their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN
+where a row saw a NaN).
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
 """
 import sys
@@ -38,10 +39,13 @@ def failed(x, mask, mask_name, is_causal, causal_variant):
     y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal, causal_variant)
     y.backward(torch.ones_like(y))
     expected = scaled_mask_softmax_reference(x.detach().double(), mask, 0.5, is_causal, causal_variant)
-    error = (y.double() - expected).abs().max().item()
-    if error <= TOLERANCE[x.dtype]:
+    nan = expected.isnan()
+    error = (y.double() - expected).masked_fill(nan, 0).abs().max().item()
+    nan_alike = torch.equal(y.isnan(), nan)
+    if error <= TOLERANCE[x.dtype] and nan_alike:
         return False
-    print(f"FAIL {x.dtype} cols={x.shape[-1]} mask={mask_name} causal={is_causal} {causal_variant}: error {error:.3g}")
+    print(f"FAIL {x.dtype} cols={x.shape[-1]} mask={mask_name} causal={is_causal} {causal_variant}: error {error:.3g}"
+          f"{'' if nan_alike else ', NaN where the reference is not or not where it is'}")
     return True
 
 
@@ -56,8 +60,11 @@ def main() -> int:
                     failures += failed(x, mask, mask_name, is_causal, "lower_right")
         # Causal rows that see few of their keys (upper-left, three queries), which the two-pass kernels would take:
         # the kernels take their first 64 columns and zero_columns the rest of y and dx (by 2-byte words at 65537).
+        # A row that sees a NaN is NaN throughout: its kernel writes NaN over the zeros, up to the row's end.
         for cols in (20000, 65537, 262144):
-            x = torch.randn(2, 3, cols, device="cuda", dtype=dtype).requires_grad_()
+            x = torch.randn(2, 3, cols, device="cuda", dtype=dtype)
+            x[1, 2, 1] = float("nan")
+            x.requires_grad_()
             failures += failed(x, None, "none", True, "upper_left")
     # Rows whose two stages would take clusters of 16 take one stage over clusters of 8 (16-bit rows of 262,144
     # columns and fp32 rows of 131,072 with an additive mask); more rows than clusters, so that a stage is sent for
