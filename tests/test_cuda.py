@@ -95,9 +95,9 @@ def test_rows_narrowed_to_what_they_see_can_still_take_two_passes():
                                                   (torch.bfloat16, 768, 2048), (torch.float16, 800, 2050)])
 def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, cols):
     """Causal rows (upper-left) that see up to 3/8 of their keys, with a bool key-padding mask: the forward narrows
-    them to the columns any of them sees where they would leave the register kernels (16,384 bf16 columns, 8192
-    fp32), the backward from 2048 columns to 16,384, and each writes the rest of its output apart. The memory that y
-    then takes is left holding NaN first, so that a zero not written shows."""
+    them to the columns any of them sees from 2048 columns, the backward from 2048 columns to 16,384, and each writes
+    the rest of its output apart. The memory that y then takes is left holding NaN first, so that a zero not written
+    shows."""
     x = random_scores((queries, cols), dtype, "cuda").requires_grad_()
     mask = (torch.rand(cols, generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
     torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <ATen/NumericUtils.h>
 #include <ATen/OpMathType.h>
 
 #include "../params.h"

@@ -1,7 +1,6 @@
 // How rows are spread over threads: one ladder by row length, shared by the forward and backward passes.
 #pragma once
 
-#include <ATen/NumericUtils.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/FunctionRef.h>
 #include <cuda_runtime.h>
