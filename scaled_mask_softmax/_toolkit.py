@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -64,7 +65,11 @@ CUDA_SOURCES = ("forward.cu", "forward_half.cu", "forward_bfloat16.cu", "forward
 
 
 def cxx_flags():
-    return ["-O3"]
+    """C++ flags shared by setup.py and the just-in-time build. -fopenmp on Linux: torch's wheels there run
+    `at::parallel_for` through OpenMP in their own headers, which code compiled without it runs on one thread. Only
+    the compile takes the flag, not the link, so that the runtime is the one torch loaded (libtorch_cpu's), never a
+    second copy."""
+    return ["-O3"] + (["-fopenmp"] if sys.platform.startswith("linux") else [])
 
 
 def cuda_flags():
