@@ -1,13 +1,15 @@
 // The operator's schema and its CPU kernels.
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <Python.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
+#include <string>
 #include <vector>
 
 #include "binding.h"
+#include "cpu_kernels.h"
 
 // `import scaled_mask_softmax._C` loads this library, whose static initialisers register the operators.
 extern "C" PyObject* PyInit__C(void) {
@@ -21,71 +23,98 @@ namespace {
 // Rows per parallel task: enough work per task to hide the scheduling cost on short rows.
 int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
 
-// y = softmax(scale * x + mask), one pass over each row into a buffer of fp32 (fp64 for fp64) scores.
+// The engine compiled for the baseline instruction set (16-byte vectors, SSE2 on x86-64), and on x86-64 for AVX2
+// and AVX-512 too (with F16C, which every CPU with AVX2 has), of which the widest that torch's own CPU kernels take
+// (ATEN_CPU_CAPABILITY, or the CPU's) runs.
+#if defined(__GNUC__)
+using BaselineEngine = cpu::Engine<4, /*kF16C=*/false>;
+#else
+using BaselineEngine = cpu::Engine<1, /*kF16C=*/false>;
+#endif
+
+template <typename scalar_t, typename mask_t, typename acc_t>
+void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* scores) {
+  BaselineEngine::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+}
+
+template <typename scalar_t, typename acc_t>
+void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
+  BaselineEngine::backward_rows<scalar_t, acc_t>(p, begin, end);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define SMS_AVX2 "avx2,fma,f16c"
+#define SMS_AVX512 "avx512f,avx512bw,avx512dq,avx512vl,fma,f16c"
+
+template <typename scalar_t, typename mask_t, typename acc_t>
+[[gnu::target(SMS_AVX2)]] void forward_rows_avx2(const ForwardParams& p, int64_t begin, int64_t end,
+                                                 acc_t* scores) {
+  cpu::Engine<8, true>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+}
+
+template <typename scalar_t, typename mask_t, typename acc_t>
+[[gnu::target(SMS_AVX512)]] void forward_rows_avx512(const ForwardParams& p, int64_t begin, int64_t end,
+                                                     acc_t* scores) {
+  cpu::Engine<16, true>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+}
+
+template <typename scalar_t, typename acc_t>
+[[gnu::target(SMS_AVX2)]] void backward_rows_avx2(const BackwardParams& p, int64_t begin, int64_t end) {
+  cpu::Engine<8, true>::backward_rows<scalar_t, acc_t>(p, begin, end);
+}
+
+template <typename scalar_t, typename acc_t>
+[[gnu::target(SMS_AVX512)]] void backward_rows_avx512(const BackwardParams& p, int64_t begin, int64_t end) {
+  cpu::Engine<16, true>::backward_rows<scalar_t, acc_t>(p, begin, end);
+}
+#endif
+
+enum class InstructionSet { kBaseline, kAvx2, kAvx512 };
+
+InstructionSet widest_instruction_set() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const InstructionSet widest = [] {
+    const std::string capability = at::get_cpu_capability();
+    if (capability == "AVX512") return InstructionSet::kAvx512;
+    if (capability == "AVX2") return InstructionSet::kAvx2;
+    return InstructionSet::kBaseline;
+  }();
+  return widest;
+#else
+  return InstructionSet::kBaseline;
+#endif
+}
+
 template <typename scalar_t, typename mask_t>
 void forward_cpu(const ForwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-  const auto* x = static_cast<const scalar_t*>(p.x);
-  const auto* mask = static_cast<const mask_t*>(p.mask);
-  auto* y = static_cast<scalar_t*>(p.y);
-  const acc_t scale = static_cast<acc_t>(p.scale);
+  auto rows = forward_rows<scalar_t, mask_t, acc_t>;
+#if defined(__GNUC__) && defined(__x86_64__)
+  switch (widest_instruction_set()) {
+    case InstructionSet::kAvx512: rows = forward_rows_avx512<scalar_t, mask_t, acc_t>; break;
+    case InstructionSet::kAvx2: rows = forward_rows_avx2<scalar_t, mask_t, acc_t>; break;
+    case InstructionSet::kBaseline: break;
+  }
+#endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scores(p.cols);
-    for (int64_t row = begin; row < end; ++row) {
-      int64_t x_start, mask_start;
-      row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-      const int64_t visible = visible_end(p, row);
-      acc_t row_max = -std::numeric_limits<acc_t>::infinity();
-      for (int64_t col = 0; col < visible; ++col) {
-        acc_t s = static_cast<acc_t>(x[x_start + col]) * scale;
-        if constexpr (has_mask_v<mask_t>) s += additive_mask<acc_t>(mask[mask_start + col]);
-        scores[col] = s;
-        row_max = std::isnan(s) || s > row_max ? s : row_max;
-      }
-      // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
-      const acc_t shift = row_max == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : row_max;
-      // Summed in double: a long row of fp32 terms added one by one would lose about sqrt(cols) ulps.
-      double sum = 0;
-      for (int64_t col = 0; col < visible; ++col) {
-        scores[col] = std::exp(scores[col] - shift);
-        sum += scores[col];
-      }
-      const acc_t inverse = sum == 0 ? acc_t(0) : static_cast<acc_t>(1 / sum);
-      scalar_t* y_row = y + row * p.cols;
-      for (int64_t col = 0; col < visible; ++col) y_row[col] = static_cast<scalar_t>(scores[col] * inverse);
-      // 0 * inverse rather than 0: a row whose sum is NaN is NaN everywhere, as torch.softmax gives.
-      const scalar_t hidden = static_cast<scalar_t>(acc_t(0) * inverse);
-      for (int64_t col = visible; col < p.cols; ++col) y_row[col] = hidden;
-    }
+    // Room for a row in whole vectors of the widest engine.
+    std::vector<acc_t> scores((p.cols + 15) / 16 * 16);
+    rows(p, begin, end, scores.data());
   });
 }
 
-// dx = scale * y * (dy - sum(dy * y)).
 template <typename scalar_t>
 void backward_cpu(const BackwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-  const auto* y = static_cast<const scalar_t*>(p.y);
-  const auto* dy = static_cast<const scalar_t*>(p.dy);
-  auto* dx = static_cast<scalar_t*>(p.dx);
-  const acc_t scale = static_cast<acc_t>(p.scale);
-  at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      int64_t y_start, dy_start;
-      row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
-      const int64_t visible = visible_end(p, row);
-      double dot = 0;
-      for (int64_t col = 0; col < visible; ++col) {
-        dot += static_cast<double>(y[y_start + col]) * static_cast<double>(dy[dy_start + col]);
-      }
-      const acc_t row_dot = static_cast<acc_t>(dot);
-      scalar_t* dx_row = dx + row * p.cols;
-      for (int64_t col = 0; col < visible; ++col) {
-        const acc_t y_value = static_cast<acc_t>(y[y_start + col]);
-        dx_row[col] = static_cast<scalar_t>(scale * y_value * (static_cast<acc_t>(dy[dy_start + col]) - row_dot));
-      }
-      std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));
-    }
-  });
+  auto rows = backward_rows<scalar_t, acc_t>;
+#if defined(__GNUC__) && defined(__x86_64__)
+  switch (widest_instruction_set()) {
+    case InstructionSet::kAvx512: rows = backward_rows_avx512<scalar_t, acc_t>; break;
+    case InstructionSet::kAvx2: rows = backward_rows_avx2<scalar_t, acc_t>; break;
+    case InstructionSet::kBaseline: break;
+  }
+#endif
+  at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) { rows(p, begin, end); });
 }
 
 at::Tensor forward_cpu_op(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale,

@@ -1,0 +1,59 @@
+"""The CPU engine. On x86-64 it is built three times (16-byte vectors, AVX2, AVX-512), of which the widest that
+torch's own CPU kernels take runs (ATEN_CPU_CAPABILITY lowers it): its 16-bit conversions bit for bit, and the
+contract's CPU tests under each build this CPU can run."""
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import scaled_mask_softmax
+
+# From the narrowest build to the widest, as torch.backends.cpu.get_cpu_capability() names them.
+CAPABILITIES = ["DEFAULT", "AVX2", "AVX512"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [2.0**-12, 0.7, 3.0, 2.0**12, 2.0**20])
+def test_16_bit_loads_and_stores_are_exact(dtype, scale):
+    # Rows y = [t, 0], dy = [1, 0] over every 16-bit pattern t: the row's dot is t itself, so dx = [scale * t * (1 - t),
+    # scale * 0 * (0 - t)], formed in fp32 by the same operations torch performs below. Loading t must be exact and
+    # rounding dx to 16 bits must round to nearest even, through subnormals, overflow, infinities and NaN.
+    t = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    y = torch.stack([t, torch.zeros_like(t)], dim=1)
+    dy = torch.stack([torch.ones_like(t), torch.zeros_like(t)], dim=1)
+    dx = torch.ops.scaled_mask_softmax.backward(y, dy, scale, False, "upper_left")
+
+    t32 = t.float()
+    expected = torch.stack([(scale * t32) * (1 - t32), (scale * torch.zeros_like(t32)) * (0 - t32)], dim=1).to(dtype)
+    nan = expected.isnan()
+    assert torch.equal(dx.isnan(), nan)
+    assert torch.equal(dx.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
+
+
+def lower_capabilities():
+    """The builds below the one this process runs, where this CPU and build have them (x86-64 only)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    current = torch.backends.cpu.get_cpu_capability()
+    return CAPABILITIES[:CAPABILITIES.index(current)] if current in CAPABILITIES else []
+
+
+@pytest.mark.parametrize("capability", ["DEFAULT", "AVX2"])
+def test_contract_under_each_build(capability, tmp_path):
+    if capability not in lower_capabilities():
+        pytest.skip(f"this process runs {torch.backends.cpu.get_cpu_capability()}, not above {capability}")
+    tests = Path(__file__).parent
+    package_root = str(Path(scaled_mask_softmax.__file__).resolve().parents[1])
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower(),
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+           # torch.compile's cache of CPU code is not keyed by ATEN_CPU_CAPABILITY.
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+               str(tests / "test_contract.py"), str(tests / "test_properties.py"), str(tests / "test_cpu.py"),
+               "-k", "cpu and not under_each_build and not cuda"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=tests.parent)
+    assert finished.returncode == 0, finished.stdout[-5000:] + finished.stderr[-5000:]
