@@ -101,23 +101,33 @@ def test_causal(device, dtype, causal_variant, queries, cols, with_mask):
     run(x, mask, scale=1.3, is_causal=True, causal_variant=causal_variant)
 
 
+def hidden_keys(queries, cols, causal_variant, device):
+    """True where the causal limit hides key j from query i."""
+    visible = torch.ones(queries, cols, dtype=torch.bool).tril(cols - queries if causal_variant == "lower_right" else 0)
+    return ~visible.to(device)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 @pytest.mark.parametrize("cols", [9, 1032, 17000])
-def test_causal_backward_ignores_hidden_keys(device, dtype, causal_variant, cols):
-    # The causal backward reads only the visible keys: whatever y and dy hold past them, dx there is 0.
+def test_causal_passes_ignore_hidden_keys(device, dtype, causal_variant, cols):
+    # Whatever x, the mask, y and dy hold past a row's visible keys (NaN, +inf), y and dx are what they are without
+    # them, and dx is 0 there.
     queries = 6
     x = random_scores((2, queries, cols), dtype, device)
-    y = sms.scaled_mask_softmax(x, None, 0.5, True, causal_variant)
-    dy = random_scores(x.shape, dtype, device, generator_seed=1)
-    hidden = torch.ones(queries, cols, dtype=torch.bool).tril(cols - queries if causal_variant == "lower_right" else 0)
-    hidden = ~hidden.to(device)
-    expected = torch.ops.scaled_mask_softmax.backward(y, dy, 0.5, True, causal_variant)
-    garbage = torch.full_like(y, float("nan"))
-    dx = torch.ops.scaled_mask_softmax.backward(torch.where(hidden, garbage, y), torch.where(hidden, garbage, dy), 0.5,
-                                                True, causal_variant)
-    assert torch.equal(dx, expected)
+    mask = random_scores((queries, cols), dtype, device, generator_seed=1)
+    hidden = hidden_keys(queries, cols, causal_variant, device)
+    y = sms.scaled_mask_softmax(x, mask, 0.5, True, causal_variant)
+    x_garbage, mask_garbage = torch.where(hidden, float("nan"), x), torch.where(hidden, float("inf"), mask)
+    y_from_garbage = sms.scaled_mask_softmax(x_garbage, mask_garbage, 0.5, True, causal_variant)
+    assert torch.equal(y_from_garbage, y)
+
+    dy = random_scores(x.shape, dtype, device, generator_seed=2)
+    dx = torch.ops.scaled_mask_softmax.backward(y, dy, 0.5, True, causal_variant)
+    y_garbage, dy_garbage = torch.where(hidden, float("nan"), y), torch.where(hidden, float("nan"), dy)
+    dx_from_garbage = torch.ops.scaled_mask_softmax.backward(y_garbage, dy_garbage, 0.5, True, causal_variant)
+    assert torch.equal(dx_from_garbage, dx)
     assert not dx[:, hidden].any()
 
 

@@ -18,10 +18,14 @@
 
 #if defined(__GNUC__)
 #define SMS_CPU_INLINE [[gnu::always_inline]] inline
+// On the engine's lambdas too, which are functions of their own: so that their bodies are compiled in their
+// caller's instruction set.
+#define SMS_CPU_LAMBDA_INLINE __attribute__((always_inline))
 // Vectors pass only between inlined functions, so no call's ABI depends on the instruction set.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #else
 #define SMS_CPU_INLINE inline
+#define SMS_CPU_LAMBDA_INLINE
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
@@ -233,67 +237,94 @@ struct Engine {
   using RawOf = std::conditional_t<sizeof(T) == 2 && !std::is_integral_v<T>, uint16_t,
                                    std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>>;
 
-  // kLanes elements of a row from `col` on, those from `count` on (a row's end) taken as 0 (false).
-  template <typename T>
-  SMS_CPU_INLINE static Lanes<RawOf<T>> load_raw(const T* row, int64_t col, int64_t count) {
+  // Integers as wide as acc_t, and the lanes' indices in them, for selecting a vector's first lanes.
+  template <typename acc_t>
+  using LaneInt = std::conditional_t<sizeof(acc_t) == 4, int32_t, int64_t>;
+
+  template <typename acc_t>
+  SMS_CPU_INLINE static Lanes<LaneInt<acc_t>> lane_indices() {
+    LaneInt<acc_t> indices[kLanes];
+    for (int index = 0; index < kLanes; ++index) indices[index] = index;
+    return bit_cast<LaneInt<acc_t>>(indices);
+  }
+
+  // The first `count` lanes of `lanes`, `filler` in the others.
+  template <typename acc_t>
+  SMS_CPU_INLINE static Lanes<acc_t> first_lanes(const Lanes<acc_t>& lanes, int64_t count, acc_t filler) {
+    return select(lane_indices<acc_t>() < static_cast<LaneInt<acc_t>>(count), lanes, broadcast(filler));
+  }
+
+  // Calls body(col, std::false_type{}) for each whole vector of a row's first `count` elements, then body(col,
+  // std::true_type{}) for the vector that holds their end, if any: the loop's body takes no branch by a row's length.
+  template <typename Body>
+  SMS_CPU_INLINE static void for_each_vector(int64_t count, Body&& body) {
+    int64_t col = 0;
+    for (; col + kLanes <= count; col += kLanes) body(col, std::false_type{});
+    if (col < count) body(col, std::true_type{});
+  }
+
+  // Elements [col, col + kLanes) of a row of `length` elements in the compute type; a bool mask's as the additive
+  // mask they stand for (0, or -inf where false). kTail: the vector that holds the end of the row's visible keys,
+  // which may also hold its end (the lanes past it are then 0). The lanes past the visible keys hold what the row
+  // holds there, which the caller drops: read whole, rather than left out by a branch per element.
+  template <typename acc_t, typename T, bool kTail>
+  SMS_CPU_INLINE static Lanes<acc_t> load(const T* row, int64_t col, std::bool_constant<kTail>, int64_t length) {
     Lanes<RawOf<T>> raw{};
-    if (col + kLanes <= count) {
+    if (!kTail || col + kLanes <= length) {
       std::memcpy(&raw, row + col, sizeof(raw));
     } else {
-      std::memcpy(&raw, row + col, (count - col) * sizeof(T));
+      std::memcpy(&raw, row + col, (length - col) * sizeof(T));
     }
-    return raw;
-  }
-
-  // kLanes elements of a row in the compute type, as load_raw; a bool mask's as the additive mask they stand for
-  // (0, or -inf where false).
-  template <typename acc_t, typename T>
-  SMS_CPU_INLINE static Lanes<acc_t> load(const T* row, int64_t col, int64_t count) {
-    const auto raw = load_raw(row, col, count);
+    Lanes<acc_t> lanes;
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      return bfloat16_to_float(raw);
+      lanes = bfloat16_to_float(raw);
     } else if constexpr (std::is_same_v<T, c10::Half>) {
-      return half_to_float(raw);
+      lanes = half_to_float(raw);
     } else if constexpr (std::is_same_v<T, bool>) {
-      using LaneInt = std::conditional_t<sizeof(acc_t) == 4, int32_t, int64_t>;
       // Through 16 bits: GCC widens bytes to 32 or 64 bits an element at a time.
-      const Lanes<LaneInt> attend = convert<LaneInt>(convert<uint16_t>(raw));
-      return select(attend != 0, Lanes<acc_t>{}, broadcast(-std::numeric_limits<acc_t>::infinity()));
+      const Lanes<LaneInt<acc_t>> attend = convert<LaneInt<acc_t>>(convert<uint16_t>(raw));
+      lanes = select(attend != 0, Lanes<acc_t>{}, broadcast(-std::numeric_limits<acc_t>::infinity()));
     } else {
-      return convert<acc_t>(raw);
+      lanes = convert<acc_t>(raw);
     }
+    return lanes;
   }
 
-  // The lanes before `count` (a row's end) stored at [col, col + kLanes) of a row, rounded to T.
-  template <typename T, typename Vector>
-  SMS_CPU_INLINE static void store(T* row, int64_t col, int64_t count, const Vector& lanes) {
+  // Stores `lanes` rounded to T at [col, col + kLanes) of a row of `length` elements. kTail: the vector that holds
+  // the end of the row's first `count` elements, whose lanes from there on are stored as 0 where the row goes on
+  // that far.
+  template <typename acc_t, typename T, bool kTail>
+  SMS_CPU_INLINE static void store(T* row, int64_t col, std::bool_constant<kTail>, int64_t count, int64_t length,
+                                   const Lanes<acc_t>& lanes) {
+    Lanes<acc_t> kept = lanes;
+    if constexpr (kTail) kept = first_lanes(lanes, count - col, acc_t(0));
     Lanes<RawOf<T>> raw;
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      raw = float_to_bfloat16(lanes);
+      raw = float_to_bfloat16(kept);
     } else if constexpr (std::is_same_v<T, c10::Half>) {
-      raw = float_to_half(lanes);
+      raw = float_to_half(kept);
     } else {
-      raw = convert<T>(lanes);
+      raw = convert<T>(kept);
     }
-    if (col + kLanes <= count) {
+    if (!kTail || col + kLanes <= length) {
       std::memcpy(row + col, &raw, sizeof(raw));
     } else {
       std::memcpy(row + col, &raw, (count - col) * sizeof(T));
     }
   }
 
-  // Vector v of a buffer of lanes, by memcpy: the buffer is allocated outside the functions compiled for wider
+  // The vector at `col` of a buffer, by memcpy: the buffer is allocated outside the functions compiled for wider
   // instruction sets, whose vectors want more alignment than it has.
   template <typename acc_t>
-  SMS_CPU_INLINE static Lanes<acc_t> load_lanes(const acc_t* buffer, int64_t v) {
+  SMS_CPU_INLINE static Lanes<acc_t> load_lanes(const acc_t* buffer, int64_t col) {
     Lanes<acc_t> lanes;
-    std::memcpy(&lanes, buffer + v * kLanes, sizeof(lanes));
+    std::memcpy(&lanes, buffer + col, sizeof(lanes));
     return lanes;
   }
 
   template <typename acc_t>
-  SMS_CPU_INLINE static void store_lanes(acc_t* buffer, int64_t v, const Lanes<acc_t>& lanes) {
-    std::memcpy(buffer + v * kLanes, &lanes, sizeof(lanes));
+  SMS_CPU_INLINE static void store_lanes(acc_t* buffer, int64_t col, const Lanes<acc_t>& lanes) {
+    std::memcpy(buffer + col, &lanes, sizeof(lanes));
   }
 
   // Sums vectors lane by lane in the compute type, kBlock vectors at a time, and the blocks in double: each lane
@@ -324,33 +355,26 @@ struct Engine {
   template <typename scalar_t, typename mask_t, typename acc_t>
   SMS_CPU_INLINE static void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* scores) {
     constexpr acc_t kInfinity = std::numeric_limits<acc_t>::infinity();
-    const auto* x = static_cast<const scalar_t*>(p.x);
-    const auto* mask = static_cast<const mask_t*>(p.mask);
-    auto* y = static_cast<scalar_t*>(p.y);
     const acc_t scale = static_cast<acc_t>(p.scale);
     for (int64_t row = begin; row < end; ++row) {
       int64_t x_start, mask_start;
       row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
+      const auto* x_row = static_cast<const scalar_t*>(p.x) + x_start;
+      const auto* mask_row = static_cast<const mask_t*>(p.mask) + mask_start;
+      auto* y_row = static_cast<scalar_t*>(p.y) + row * p.cols;
       const int64_t visible = visible_end(p, row);
-      const int64_t vectors = (visible + kLanes - 1) / kLanes;
       Lanes<acc_t> max = broadcast(-kInfinity);
       auto nan_seen = max != max;
-      for (int64_t v = 0; v < vectors; ++v) {
-        Lanes<acc_t> s = load<acc_t>(x + x_start, v * kLanes, visible) * scale;
-        if constexpr (has_mask_v<mask_t>) s = s + load<acc_t>(mask + mask_start, v * kLanes, visible);
-        if (v == vectors - 1 && visible % kLanes != 0) {
-          // Past the row's end: -inf, which neither the max nor the sum sees.
-          acc_t tail[kLanes];
-          std::memcpy(tail, &s, sizeof(tail));
-          std::fill(tail + visible % kLanes, tail + kLanes, -kInfinity);
-          std::memcpy(&s, tail, sizeof(tail));
-        }
-        store_lanes(scores, v, s);
+      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+        Lanes<acc_t> s = load<acc_t>(x_row, col, tail, p.cols) * scale;
+        if constexpr (has_mask_v<mask_t>) s = s + load<acc_t>(mask_row, col, tail, p.cols);
+        // Past the visible keys: -inf, which neither the max nor the sum sees.
+        if constexpr (decltype(tail)::value) s = first_lanes(s, visible - col, -kInfinity);
+        store_lanes(scores, col, s);
         max = select(s > max, s, max);
         nan_seen = nan_seen | (s != s);
-      }
+      });
       const acc_t row_max = lane_max(max);
-      scalar_t* y_row = y + row * p.cols;
       // A NaN or +inf score makes the row NaN, as in torch.softmax.
       if (any(nan_seen) || row_max == kInfinity) {
         std::fill(y_row, y_row + p.cols, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
@@ -359,14 +383,16 @@ struct Engine {
       // A fully masked row (max -inf) shifts by 0, sums to 0 and is written as zeros.
       const acc_t shift = row_max == -kInfinity ? acc_t(0) : row_max;
       BlockedSum<acc_t> sum;
-      for (int64_t v = 0; v < vectors; ++v) {
-        const Lanes<acc_t> terms = exp_nonpositive(load_lanes(scores, v) - shift);
-        store_lanes(scores, v, terms);
+      for (int64_t col = 0; col < visible; col += kLanes) {
+        const Lanes<acc_t> terms = exp_nonpositive(load_lanes(scores, col) - shift);
+        store_lanes(scores, col, terms);
         sum.add(terms);
       }
       const double total = sum.total();
       const acc_t inverse = total == 0 ? acc_t(0) : static_cast<acc_t>(1 / total);
-      for (int64_t v = 0; v < vectors; ++v) store(y_row, v * kLanes, visible, load_lanes(scores, v) * inverse);
+      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+        store<acc_t>(y_row, col, tail, visible, p.cols, load_lanes(scores, col) * inverse);
+      });
       std::fill(y_row + visible, y_row + p.cols, scalar_t(0));
     }
   }
@@ -374,25 +400,26 @@ struct Engine {
   // Rows [begin, end) of dx = scale * y * (dy - sum(dy * y)).
   template <typename scalar_t, typename acc_t>
   SMS_CPU_INLINE static void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
-    const auto* y = static_cast<const scalar_t*>(p.y);
-    const auto* dy = static_cast<const scalar_t*>(p.dy);
-    auto* dx = static_cast<scalar_t*>(p.dx);
     const acc_t scale = static_cast<acc_t>(p.scale);
     for (int64_t row = begin; row < end; ++row) {
       int64_t y_start, dy_start;
       row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
+      const auto* y_row = static_cast<const scalar_t*>(p.y) + y_start;
+      const auto* dy_row = static_cast<const scalar_t*>(p.dy) + dy_start;
+      auto* dx_row = static_cast<scalar_t*>(p.dx) + row * p.cols;
       const int64_t visible = visible_end(p, row);
       BlockedSum<acc_t> dot;
-      for (int64_t col = 0; col < visible; col += kLanes) {
-        dot.add(load<acc_t>(y + y_start, col, visible) * load<acc_t>(dy + dy_start, col, visible));
-      }
+      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+        const Lanes<acc_t> terms = load<acc_t>(y_row, col, tail, p.cols) * load<acc_t>(dy_row, col, tail, p.cols);
+        // Past the visible keys: nothing, whatever y and dy hold there.
+        dot.add(decltype(tail)::value ? first_lanes(terms, visible - col, acc_t(0)) : terms);
+      });
       const acc_t row_dot = static_cast<acc_t>(dot.total());
-      scalar_t* dx_row = dx + row * p.cols;
-      for (int64_t col = 0; col < visible; col += kLanes) {
-        const Lanes<acc_t> y_lanes = load<acc_t>(y + y_start, col, visible);
-        const Lanes<acc_t> dy_lanes = load<acc_t>(dy + dy_start, col, visible);
-        store(dx_row, col, visible, scale * y_lanes * (dy_lanes - row_dot));
-      }
+      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+        const Lanes<acc_t> y_lanes = load<acc_t>(y_row, col, tail, p.cols);
+        const Lanes<acc_t> dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+        store<acc_t>(dx_row, col, tail, visible, p.cols, scale * y_lanes * (dy_lanes - row_dot));
+      });
       std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));
     }
   }
