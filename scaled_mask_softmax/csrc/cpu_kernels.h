@@ -59,6 +59,7 @@ struct LanesOf {
   SMS_LANES_OF(uint32_t, N)       \
   SMS_LANES_OF(int32_t, N)        \
   SMS_LANES_OF(int64_t, N)
+SMS_LANES_OF_EACH_TYPE(2)
 SMS_LANES_OF_EACH_TYPE(4)
 SMS_LANES_OF_EACH_TYPE(8)
 SMS_LANES_OF_EACH_TYPE(16)
@@ -66,9 +67,9 @@ SMS_LANES_OF_EACH_TYPE(16)
 #undef SMS_LANES_OF
 #endif
 
-// The engine for vectors of kLanes fp32 elements, the width of the instruction set's registers (so that every
-// operation maps to instructions: GCC takes some operations on wider vectors an element at a time); kF16C: the
-// instruction set has F16C's fp16 conversions (every x86-64 CPU with AVX2 has).
+// The engine for vectors of kLanes elements of the compute type, as many as one of the instruction set's registers
+// holds (so that every operation maps to instructions: GCC takes some operations on wider vectors an element at a
+// time); kF16C: the instruction set has F16C's fp16 conversions (every x86-64 CPU with AVX2 has).
 template <int kLanes, bool kF16C>
 struct Engine {
   template <typename T>
@@ -160,11 +161,32 @@ struct Engine {
     return select(underflows, Lanes<float>{}, series * power);
   }
 
-  // fp64 rows: exp itself, a lane at a time.
+  // The same in fp64, the Taylor series to r^13 (truncation below 5e-18, a twentieth of fp64's ulp); results below
+  // fp64's normal range (t < -708) are 0. n comes from the bits of the rounding sum itself: fp64 has no vector
+  // conversion to 64-bit integers before AVX-512.
   SMS_CPU_INLINE static Lanes<double> exp_nonpositive(const Lanes<double>& t) {
-    double terms[kLanes];
-    for (int index = 0; index < kLanes; ++index) terms[index] = std::exp(lane(t, index));
-    return bit_cast<double>(terms);
+    constexpr double kLog2e = 1.4426950408889634;
+    // ln 2 in two parts, the first with its low 21 bits zero, so that n * kLn2High is exact.
+    constexpr double kLn2High = 6.93147180369123816490e-01;
+    constexpr double kLn2Low = 1.90821492927058770002e-10;
+    // Adding 1.5 * 2^52 rounds to an integer, which the sum's low bits then hold.
+    constexpr double kRound = 6755399441055744.0;
+    const auto underflows = t < -708.0;
+    const Lanes<double> in_range = select(underflows, broadcast(-708.0), t);
+    const Lanes<double> shifted = in_range * kLog2e + kRound;
+    const Lanes<double> n = shifted - kRound;
+    const Lanes<double> r = (in_range - n * kLn2High) - n * kLn2Low;
+    double factorial = 6227020800.0;  // 13!
+    Lanes<double> series = broadcast(1.0 / factorial);
+    for (int k = 12; k >= 1; --k) {
+      factorial /= k + 1;
+      series = series * r + 1.0 / factorial;
+    }
+    series = series * r + 1.0;
+    // 2^n for n in [-1022, 0]: n + 1023 in the exponent field.
+    const Lanes<int64_t> exponent = bit_cast<int64_t>(shifted) - bit_cast<int64_t>(broadcast(kRound)) + 1023;
+    const Lanes<double> power = bit_cast<double>(exponent << 52);
+    return select(underflows, Lanes<double>{}, series * power);
   }
 
   // fp16 bits as fp32, exactly: normal numbers rebiased, subnormals as integers times 2^-24; or by F16C.

@@ -25,21 +25,26 @@ int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, 16384 / std::m
 
 // The engine compiled for the baseline instruction set (16-byte vectors, SSE2 on x86-64), and on x86-64 for AVX2
 // and AVX-512 too (with F16C, which every CPU with AVX2 has), of which the widest that torch's own CPU kernels take
-// (ATEN_CPU_CAPABILITY, or the CPU's) runs.
-#if defined(__GNUC__)
-using BaselineEngine = cpu::Engine<4, /*kF16C=*/false>;
-#else
-using BaselineEngine = cpu::Engine<1, /*kF16C=*/false>;
-#endif
+// (ATEN_CPU_CAPABILITY, or the CPU's) runs. Each takes vectors of one register of the compute type.
+template <int kRegisterBytes, bool kF16C, typename acc_t>
+using EngineFor = cpu::Engine<kRegisterBytes / static_cast<int>(sizeof(acc_t)), kF16C>;
 
 template <typename scalar_t, typename mask_t, typename acc_t>
 void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* scores) {
-  BaselineEngine::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+#if defined(__GNUC__)
+  EngineFor<16, false, acc_t>::template forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+#else
+  cpu::Engine<1, false>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+#endif
 }
 
 template <typename scalar_t, typename acc_t>
 void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
-  BaselineEngine::backward_rows<scalar_t, acc_t>(p, begin, end);
+#if defined(__GNUC__)
+  EngineFor<16, false, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
+#else
+  cpu::Engine<1, false>::backward_rows<scalar_t, acc_t>(p, begin, end);
+#endif
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -49,23 +54,23 @@ void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
 template <typename scalar_t, typename mask_t, typename acc_t>
 [[gnu::target(SMS_AVX2)]] void forward_rows_avx2(const ForwardParams& p, int64_t begin, int64_t end,
                                                  acc_t* scores) {
-  cpu::Engine<8, true>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+  EngineFor<32, true, acc_t>::template forward_rows<scalar_t, mask_t>(p, begin, end, scores);
 }
 
 template <typename scalar_t, typename mask_t, typename acc_t>
 [[gnu::target(SMS_AVX512)]] void forward_rows_avx512(const ForwardParams& p, int64_t begin, int64_t end,
                                                      acc_t* scores) {
-  cpu::Engine<16, true>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
+  EngineFor<64, true, acc_t>::template forward_rows<scalar_t, mask_t>(p, begin, end, scores);
 }
 
 template <typename scalar_t, typename acc_t>
 [[gnu::target(SMS_AVX2)]] void backward_rows_avx2(const BackwardParams& p, int64_t begin, int64_t end) {
-  cpu::Engine<8, true>::backward_rows<scalar_t, acc_t>(p, begin, end);
+  EngineFor<32, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
 }
 
 template <typename scalar_t, typename acc_t>
 [[gnu::target(SMS_AVX512)]] void backward_rows_avx512(const BackwardParams& p, int64_t begin, int64_t end) {
-  cpu::Engine<16, true>::backward_rows<scalar_t, acc_t>(p, begin, end);
+  EngineFor<64, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
 }
 #endif
 
