@@ -7,6 +7,7 @@ SCALED_MASK_SOFTMAX_PTXAS_VERBOSE=1 (print each kernel's registers, shared memor
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -64,6 +65,9 @@ def write_build_info(with_cuda):
     (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+if sys.platform.startswith("linux") and "-fopenmp" not in toolkit.cxx_flags():
+    print("scaled_mask_softmax: the C++ compiler does not take -fopenmp with <omp.h>: the CPU kernels will run on one "
+          "thread")
 extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / name) for name in toolkit.CPU_SOURCES],
                                          extra_compile_args={"cxx": toolkit.cxx_flags()})]
 with_cuda = want_cuda()

@@ -2,6 +2,7 @@
 and finding the CUDA toolkit an `nvcc` really belongs to."""
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,12 +65,26 @@ CUDA_SOURCES = ("forward.cu", "forward_half.cu", "forward_bfloat16.cu", "forward
                 "backward.cu")
 
 
+def compiler_takes_openmp(env=None) -> bool:
+    """Whether the C++ compiler (CXX in `env`, default this process's environment, else c++) compiles with
+    -fopenmp on Linux, <omp.h> included: torch's headers include it under that flag."""
+    env = os.environ if env is None else env
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        compiled = subprocess.run(shlex.split(env.get("CXX", "c++")) + ["-fopenmp", "-fsyntax-only", "-x", "c++", "-"],
+                                  input="#include <omp.h>\n", capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return compiled.returncode == 0
+
+
 def cxx_flags():
-    """C++ flags shared by setup.py and the just-in-time build. -fopenmp on Linux: torch's wheels there run
-    `at::parallel_for` through OpenMP in their own headers, which code compiled without it runs on one thread. Only
-    the compile takes the flag, not the link, so that the runtime is the one torch loaded (libtorch_cpu's), never a
-    second copy."""
-    return ["-O3"] + (["-fopenmp"] if sys.platform.startswith("linux") else [])
+    """C++ flags shared by setup.py and the just-in-time build. -fopenmp where the compiler takes it (on Linux):
+    torch's wheels there run `at::parallel_for` through OpenMP in their own headers, which code compiled without it
+    runs on one thread. Only the compile takes the flag, not the link, so that the runtime is the one torch loaded
+    (libtorch_cpu's), never a second copy."""
+    return ["-O3"] + (["-fopenmp"] if compiler_takes_openmp() else [])
 
 
 def cuda_flags():

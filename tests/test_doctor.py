@@ -1,5 +1,7 @@
 """`python -m scaled_mask_softmax doctor`: each build trap staged with fake toolkits and command output, no GPU."""
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -347,3 +349,10 @@ def test_main_on_this_machine(capsys):
     assert lines[-1].startswith("verdict: usable on cpu")
     assert any(line.startswith("ok    smoke test on cpu") for line in lines)
     assert all(line.split()[0] in ("ok", "info", "warn", "FAIL", "fix:", "verdict:") for line in lines)
+
+
+def test_openmp_is_asked_of_the_compiler_that_builds(tmp_path):
+    assert not _toolkit.compiler_takes_openmp({"CXX": "false"})
+    assert not _toolkit.compiler_takes_openmp({"CXX": str(tmp_path / "no-such-compiler")})
+    if sys.platform.startswith("linux") and shutil.which("g++"):
+        assert _toolkit.compiler_takes_openmp({"CXX": "g++"})
