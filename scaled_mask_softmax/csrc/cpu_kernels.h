@@ -419,10 +419,13 @@ struct Engine {
     }
   }
 
-  // Rows [begin, end) of dx = scale * y * (dy - sum(dy * y)).
+  // Rows [begin, end) of dx = scale * y * (dy - sum(dy * y)). 16-bit y and dy are widened once, into `widened`
+  // (room for two rows in whole vectors), which the second pass reads.
   template <typename scalar_t, typename acc_t>
-  SMS_CPU_INLINE static void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
+  SMS_CPU_INLINE static void backward_rows(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened) {
+    constexpr bool kWiden = !std::is_same_v<scalar_t, acc_t>;
     const acc_t scale = static_cast<acc_t>(p.scale);
+    const int64_t room = (p.cols + 15) / 16 * 16;
     for (int64_t row = begin; row < end; ++row) {
       int64_t y_start, dy_start;
       row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
@@ -432,14 +435,26 @@ struct Engine {
       const int64_t visible = visible_end(p, row);
       BlockedSum<acc_t> dot;
       for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
-        const Lanes<acc_t> terms = load<acc_t>(y_row, col, tail, p.cols) * load<acc_t>(dy_row, col, tail, p.cols);
+        const Lanes<acc_t> y_lanes = load<acc_t>(y_row, col, tail, p.cols);
+        const Lanes<acc_t> dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+        if constexpr (kWiden) {
+          store_lanes(widened, col, y_lanes);
+          store_lanes(widened + room, col, dy_lanes);
+        }
+        const Lanes<acc_t> terms = y_lanes * dy_lanes;
         // Past the visible keys: nothing, whatever y and dy hold there.
         dot.add(decltype(tail)::value ? first_lanes(terms, visible - col, acc_t(0)) : terms);
       });
       const acc_t row_dot = static_cast<acc_t>(dot.total());
       for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
-        const Lanes<acc_t> y_lanes = load<acc_t>(y_row, col, tail, p.cols);
-        const Lanes<acc_t> dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+        Lanes<acc_t> y_lanes, dy_lanes;
+        if constexpr (kWiden) {
+          y_lanes = load_lanes(widened, col);
+          dy_lanes = load_lanes(widened + room, col);
+        } else {
+          y_lanes = load<acc_t>(y_row, col, tail, p.cols);
+          dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+        }
         store<acc_t>(dx_row, col, tail, visible, p.cols, scale * y_lanes * (dy_lanes - row_dot));
       });
       std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));

@@ -5,8 +5,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "binding.h"
 #include "cpu_kernels.h"
@@ -39,11 +39,11 @@ void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* sco
 }
 
 template <typename scalar_t, typename acc_t>
-void backward_rows(const BackwardParams& p, int64_t begin, int64_t end) {
+void backward_rows(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened) {
 #if defined(__GNUC__)
-  EngineFor<16, false, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
+  EngineFor<16, false, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end, widened);
 #else
-  cpu::Engine<1, false>::backward_rows<scalar_t, acc_t>(p, begin, end);
+  cpu::Engine<1, false>::backward_rows<scalar_t, acc_t>(p, begin, end, widened);
 #endif
 }
 
@@ -64,13 +64,15 @@ template <typename scalar_t, typename mask_t, typename acc_t>
 }
 
 template <typename scalar_t, typename acc_t>
-[[gnu::target(SMS_AVX2)]] void backward_rows_avx2(const BackwardParams& p, int64_t begin, int64_t end) {
-  EngineFor<32, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
+[[gnu::target(SMS_AVX2)]] void backward_rows_avx2(const BackwardParams& p, int64_t begin, int64_t end,
+                                                  acc_t* widened) {
+  EngineFor<32, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end, widened);
 }
 
 template <typename scalar_t, typename acc_t>
-[[gnu::target(SMS_AVX512)]] void backward_rows_avx512(const BackwardParams& p, int64_t begin, int64_t end) {
-  EngineFor<64, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end);
+[[gnu::target(SMS_AVX512)]] void backward_rows_avx512(const BackwardParams& p, int64_t begin, int64_t end,
+                                                      acc_t* widened) {
+  EngineFor<64, true, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end, widened);
 }
 #endif
 
@@ -102,9 +104,9 @@ void forward_cpu(const ForwardParams& p) {
   }
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    // Room for a row in whole vectors of the widest engine.
-    std::vector<acc_t> scores((p.cols + 15) / 16 * 16);
-    rows(p, begin, end, scores.data());
+    // Room for a row in whole vectors of the widest engine, left uninitialised.
+    const std::unique_ptr<acc_t[]> scores(new acc_t[(p.cols + 15) / 16 * 16]);
+    rows(p, begin, end, scores.get());
   });
 }
 
@@ -119,7 +121,12 @@ void backward_cpu(const BackwardParams& p) {
     case InstructionSet::kBaseline: break;
   }
 #endif
-  at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) { rows(p, begin, end); });
+  at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
+    // Room for two rows, as the forward's scores; none where y is in the compute type already.
+    const std::unique_ptr<acc_t[]> widened(std::is_same_v<scalar_t, acc_t> ? nullptr
+                                                                          : new acc_t[2 * ((p.cols + 15) / 16 * 16)]);
+    rows(p, begin, end, widened.get());
+  });
 }
 
 at::Tensor forward_cpu_op(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale,
