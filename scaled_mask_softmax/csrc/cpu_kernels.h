@@ -67,6 +67,9 @@ SMS_LANES_OF_EACH_TYPE(16)
 #undef SMS_LANES_OF
 #endif
 
+// Elements of a buffer that holds a row of `cols` in whole vectors of any engine below (16 lanes at most).
+inline int64_t row_room(int64_t cols) { return (cols + 15) / 16 * 16; }
+
 // The engine for vectors of kLanes elements of the compute type, as many as one of the instruction set's registers
 // holds (so that every operation maps to instructions: GCC takes some operations on wider vectors an element at a
 // time); kF16C: the instruction set has F16C's fp16 conversions (every x86-64 CPU with AVX2 has).
@@ -373,7 +376,7 @@ struct Engine {
   };
 
   // Rows [begin, end) of y = softmax(scale * x + mask): the scores into `scores` (room for a row rounded up to whole
-  // vectors) with their max, then exp(score - max) in place with its sum, then y.
+  // vectors: row_room) with their max, then exp(score - max) in place with its sum, then y.
   template <typename scalar_t, typename mask_t, typename acc_t>
   SMS_CPU_INLINE static void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* scores) {
     constexpr acc_t kInfinity = std::numeric_limits<acc_t>::infinity();
@@ -420,12 +423,12 @@ struct Engine {
   }
 
   // Rows [begin, end) of dx = scale * y * (dy - sum(dy * y)). 16-bit y and dy are widened once, into `widened`
-  // (room for two rows in whole vectors), which the second pass reads.
+  // (two rows' row_room), which the second pass reads.
   template <typename scalar_t, typename acc_t>
   SMS_CPU_INLINE static void backward_rows(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened) {
     constexpr bool kWiden = !std::is_same_v<scalar_t, acc_t>;
     const acc_t scale = static_cast<acc_t>(p.scale);
-    const int64_t room = (p.cols + 15) / 16 * 16;
+    const int64_t room = row_room(p.cols);
     for (int64_t row = begin; row < end; ++row) {
       int64_t y_start, dy_start;
       row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);

@@ -104,8 +104,8 @@ void forward_cpu(const ForwardParams& p) {
   }
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    // Room for a row in whole vectors of the widest engine, left uninitialised.
-    const std::unique_ptr<acc_t[]> scores(new acc_t[(p.cols + 15) / 16 * 16]);
+    // Left uninitialised: the engine reads only what it wrote.
+    const std::unique_ptr<acc_t[]> scores(new acc_t[cpu::row_room(p.cols)]);
     rows(p, begin, end, scores.get());
   });
 }
@@ -122,9 +122,9 @@ void backward_cpu(const BackwardParams& p) {
   }
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    // Room for two rows, as the forward's scores; none where y is in the compute type already.
+    // None where y is in the compute type already.
     const std::unique_ptr<acc_t[]> widened(std::is_same_v<scalar_t, acc_t> ? nullptr
-                                                                          : new acc_t[2 * ((p.cols + 15) / 16 * 16)]);
+                                                                          : new acc_t[2 * cpu::row_room(p.cols)]);
     rows(p, begin, end, widened.get());
   });
 }
