@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "params.h"
 
@@ -247,7 +248,18 @@ struct Engine {
 
   // bf16 bits as fp32: the high half of its word.
   SMS_CPU_INLINE static Lanes<float> bfloat16_to_float(const Lanes<uint16_t>& bfloat16) {
-    return bit_cast<float>(convert<uint32_t>(bfloat16) << 16);
+    if constexpr (kLanes == 1) {
+      return bit_cast<float>(convert<uint32_t>(bfloat16) << 16);
+    } else {
+      // Each value interleaved after a zero, as the high half of a 32-bit word: one or two shuffles, where GCC
+      // widens 16-bit lanes to 32 bits in halves.
+      return bit_cast<float>(interleaved_after_zeros(bfloat16, std::make_index_sequence<2 * kLanes>{}));
+    }
+  }
+
+  template <size_t... kIndex>
+  SMS_CPU_INLINE static auto interleaved_after_zeros(const Lanes<uint16_t>& values, std::index_sequence<kIndex...>) {
+    return __builtin_shufflevector(Lanes<uint16_t>{}, values, (kIndex % 2 ? kLanes + kIndex / 2 : kIndex / 2)...);
   }
 
   // fp32 as bf16 bits, rounded to nearest even; NaN kept quiet.
