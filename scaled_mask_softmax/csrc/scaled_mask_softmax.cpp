@@ -29,22 +29,22 @@ int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, 16384 / std::m
 template <int kRegisterBytes, bool kF16C, typename acc_t>
 using EngineFor = cpu::Engine<kRegisterBytes / static_cast<int>(sizeof(acc_t)), kF16C>;
 
+#if defined(__GNUC__)
+template <typename acc_t>
+using BaselineEngine = EngineFor<16, false, acc_t>;
+#else
+template <typename acc_t>
+using BaselineEngine = cpu::Engine<1, false>;
+#endif
+
 template <typename scalar_t, typename mask_t, typename acc_t>
 void forward_rows(const ForwardParams& p, int64_t begin, int64_t end, acc_t* scores) {
-#if defined(__GNUC__)
-  EngineFor<16, false, acc_t>::template forward_rows<scalar_t, mask_t>(p, begin, end, scores);
-#else
-  cpu::Engine<1, false>::forward_rows<scalar_t, mask_t>(p, begin, end, scores);
-#endif
+  BaselineEngine<acc_t>::template forward_rows<scalar_t, mask_t>(p, begin, end, scores);
 }
 
 template <typename scalar_t, typename acc_t>
 void backward_rows(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened) {
-#if defined(__GNUC__)
-  EngineFor<16, false, acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end, widened);
-#else
-  cpu::Engine<1, false>::backward_rows<scalar_t, acc_t>(p, begin, end, widened);
-#endif
+  BaselineEngine<acc_t>::template backward_rows<scalar_t, acc_t>(p, begin, end, widened);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -76,32 +76,25 @@ template <typename scalar_t, typename acc_t>
 }
 #endif
 
-enum class InstructionSet { kBaseline, kAvx2, kAvx512 };
-
-InstructionSet widest_instruction_set() {
 #if defined(__GNUC__) && defined(__x86_64__)
-  static const InstructionSet widest = [] {
-    const std::string capability = at::get_cpu_capability();
-    if (capability == "AVX512") return InstructionSet::kAvx512;
-    if (capability == "AVX2") return InstructionSet::kAvx2;
-    return InstructionSet::kBaseline;
-  }();
-  return widest;
-#else
-  return InstructionSet::kBaseline;
-#endif
+// The build of a kernel for the widest instruction set that torch's own CPU kernels take.
+template <typename Kernel>
+Kernel widest_build(Kernel baseline, Kernel avx2, Kernel avx512) {
+  static const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512") return avx512;
+  if (capability == "AVX2") return avx2;
+  return baseline;
 }
+#endif
 
 template <typename scalar_t, typename mask_t>
 void forward_cpu(const ForwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-  auto rows = forward_rows<scalar_t, mask_t, acc_t>;
 #if defined(__GNUC__) && defined(__x86_64__)
-  switch (widest_instruction_set()) {
-    case InstructionSet::kAvx512: rows = forward_rows_avx512<scalar_t, mask_t, acc_t>; break;
-    case InstructionSet::kAvx2: rows = forward_rows_avx2<scalar_t, mask_t, acc_t>; break;
-    case InstructionSet::kBaseline: break;
-  }
+  const auto rows = widest_build(forward_rows<scalar_t, mask_t, acc_t>, forward_rows_avx2<scalar_t, mask_t, acc_t>,
+                                 forward_rows_avx512<scalar_t, mask_t, acc_t>);
+#else
+  const auto rows = forward_rows<scalar_t, mask_t, acc_t>;
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
     // Left uninitialised: the engine reads only what it wrote.
@@ -113,13 +106,11 @@ void forward_cpu(const ForwardParams& p) {
 template <typename scalar_t>
 void backward_cpu(const BackwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-  auto rows = backward_rows<scalar_t, acc_t>;
 #if defined(__GNUC__) && defined(__x86_64__)
-  switch (widest_instruction_set()) {
-    case InstructionSet::kAvx512: rows = backward_rows_avx512<scalar_t, acc_t>; break;
-    case InstructionSet::kAvx2: rows = backward_rows_avx2<scalar_t, acc_t>; break;
-    case InstructionSet::kBaseline: break;
-  }
+  const auto rows = widest_build(backward_rows<scalar_t, acc_t>, backward_rows_avx2<scalar_t, acc_t>,
+                                 backward_rows_avx512<scalar_t, acc_t>);
+#else
+  const auto rows = backward_rows<scalar_t, acc_t>;
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
     // None where y is in the compute type already.
