@@ -65,11 +65,13 @@ def write_build_info(with_cuda):
     (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-if sys.platform.startswith("linux") and "-fopenmp" not in toolkit.cxx_flags():
+# Asked once: cxx_flags() runs the compiler to see whether it takes -fopenmp.
+cxx_flags = toolkit.cxx_flags()
+if sys.platform.startswith("linux") and "-fopenmp" not in cxx_flags:
     print("scaled_mask_softmax: the C++ compiler does not take -fopenmp with <omp.h>: the CPU kernels will run on one "
           "thread")
 extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / name) for name in toolkit.CPU_SOURCES],
-                                         extra_compile_args={"cxx": toolkit.cxx_flags()})]
+                                         extra_compile_args={"cxx": cxx_flags})]
 with_cuda = want_cuda()
 if with_cuda:
     # Set for torch's build too, so that what is built is what the build record says.
@@ -79,7 +81,7 @@ if with_cuda:
     extensions.append(cpp_extension.CUDAExtension(
         f"{PACKAGE}._C_cuda",
         [str(CSRC / "cuda" / name) for name in ("module.cpp",) + toolkit.CUDA_SOURCES],
-        extra_compile_args={"cxx": toolkit.cxx_flags(), "nvcc": toolkit.cuda_flags()}))
+        extra_compile_args={"cxx": cxx_flags, "nvcc": toolkit.cuda_flags()}))
 else:
     print("scaled_mask_softmax: building the CPU kernels only (no CUDA build of torch, or no nvcc found)")
 write_build_info(with_cuda)
