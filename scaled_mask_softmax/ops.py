@@ -1,10 +1,13 @@
-"""The public operator: argument checks, the torch.ops call and fake kernels (autograd is in csrc/autograd.cpp)."""
+"""The public operator: argument checks, the torch.ops call and fake kernels (reverse-mode autograd is in
+csrc/autograd.cpp; forward mode and torch.func transforms, which C++ autograd cannot serve, in _transforms.py)."""
 import math
 import numbers
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from . import _build
+from ._transforms import TransformableSoftmax
 
 CAUSAL_VARIANTS = ("upper_left", "lower_right")
 # The overload itself: calling it skips the overload resolution of torch.ops.scaled_mask_softmax.forward(...).
@@ -58,6 +61,8 @@ def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant
     _check_arguments(x, mask, scale, is_causal, causal_variant)
     if x.is_cuda:
         _build.ensure_cuda_kernels()
+    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+        return TransformableSoftmax.apply(x, mask, float(scale), is_causal, causal_variant)
     return _forward_op(x, mask, float(scale), is_causal, causal_variant)
 
 

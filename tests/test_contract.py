@@ -15,6 +15,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 #   sum reduced at once from blocks of 256 threads (rows of over 896 vectors);
 #   beyond: two passes, one block per row; on sm_90 a row without a causal limit is split over the blocks of a
 #   cluster, a slice each, once it is longer than 4096 vectors (20000: two blocks in fp32, eight element by element).
+# No causal limit, and each variant of one.
+CAUSAL_LIMITS = pytest.mark.parametrize("is_causal, variant", [(False, "upper_left"), (True, "upper_left"),
+                                                               (True, "lower_right")],
+                                        ids=["not_causal", "upper_left", "lower_right"])
 ROW_LENGTHS = [1, 2, 3, 7, 8, 31, 33, 64, 100, 256, 257, 1000, 1024, 2048, 2056, 4096, 5001, 8200, 16384, 16392,
                20000]
 
@@ -265,13 +269,86 @@ def test_gradcheck_float64(device, causal_variant):
         return sms.scaled_mask_softmax(x, bias, 0.6, True, causal_variant)
 
     assert torch.autograd.gradcheck(op, (x, bias), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(op, (x, bias), check_fwd_over_rev=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("causal_variant", [None, "upper_left", "lower_right"])
-def test_forward_mode_matches_the_reference(device, causal_variant):
+@CAUSAL_LIMITS
+def test_backward_op_derivatives(device, is_causal, variant):
+    # In y and dy, as backward(create_graph=True) sees them, and their own derivatives.
+    x = random_scores((2, 4, 6), torch.float64, device)
+    y = sms.scaled_mask_softmax(x, None, 0.6, is_causal, variant).requires_grad_()
+    dy = random_scores(x.shape, torch.float64, device, generator_seed=6).requires_grad_()
+
+    def backward(y, dy):
+        return torch.ops.scaled_mask_softmax.backward(y, dy, 0.6, is_causal, variant)
+
+    assert torch.autograd.gradcheck(backward, (y, dy))
+    assert torch.autograd.gradgradcheck(backward, (y, dy))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@CAUSAL_LIMITS
+def test_second_derivatives_match_the_reference(device, is_causal, variant):
+    # A gradient penalty: the norm of d(loss)/dx, differentiated again, through x and a learnable bias; one row of
+    # the mask hides every key.
+    x = random_scores((2, 3, 4, 6), torch.float64, device)
+    bias = random_scores((4, 6), torch.float64, device, generator_seed=5)
+    bias[1] = float("-inf")
+    weights = random_scores(x.shape, torch.float64, device, generator_seed=6)
+
+    def penalty_gradients(op):
+        leaves = x.clone().requires_grad_(), bias.clone().requires_grad_()
+        loss = (op(*leaves, 0.7, is_causal, variant) * weights).square().sum()
+        grad_x, _ = torch.autograd.grad(loss, leaves, create_graph=True)
+        grad_x.square().sum().backward()
+        return [leaf.grad for leaf in leaves]
+
+    for ours, expected in zip(penalty_gradients(sms.scaled_mask_softmax),
+                              penalty_gradients(sms.scaled_mask_softmax_reference)):
+        assert_close_to(ours, expected, torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@CAUSAL_LIMITS
+def test_torch_func_transforms_match_the_reference(device, is_causal, variant):
+    x = random_scores((2, 3, 5), torch.float64, device)
+    bias = random_scores((3, 5), torch.float64, device, generator_seed=5)
+    weights = random_scores(x.shape, torch.float64, device, generator_seed=6)
+    batch = random_scores((4, *x.shape), torch.float64, device, generator_seed=7)
+
+    def transformed(op):
+        def loss(a, b):
+            return (op(a, b, 0.7, is_causal, variant) * weights).square().sum()
+
+        per_sample_bias_grad = torch.func.vmap(torch.func.grad(loss, argnums=1), in_dims=(0, None))
+        return [*torch.func.grad(loss, argnums=(0, 1))(x, bias),
+                torch.func.vjp(lambda a: op(a, bias, 0.7, is_causal, variant), x)[1](weights)[0],
+                torch.func.jacrev(lambda a: op(a, None, 0.7, is_causal, variant))(x[0]),
+                torch.func.hessian(loss, argnums=1)(x, bias),
+                per_sample_bias_grad(batch, bias),
+                torch.func.vmap(lambda b: op(x, b, 0.7, is_causal, variant))(batch[:, 0])]
+
+    for ours, expected in zip(transformed(sms.scaled_mask_softmax), transformed(sms.scaled_mask_softmax_reference)):
+        assert_close_to(ours, expected, torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_takes_the_operators_batching_rules(device, recwarn):
+    # Without a batching rule vmap would run the operator once per sample, and warn.
+    scores = random_scores((4, 2, 3, 5), torch.float32, device)
+    dy = random_scores(scores.shape[1:], torch.float32, device, generator_seed=5)
+    ys = torch.func.vmap(lambda s: torch.ops.scaled_mask_softmax.forward(s, None, 0.5, True, "lower_right"))(scores)
+    assert torch.equal(ys, sms.scaled_mask_softmax(scores, None, 0.5, True, "lower_right"))
+    dxs = torch.func.vmap(lambda y: torch.ops.scaled_mask_softmax.backward(y, dy, 0.5, True, "lower_right"))(ys)
+    assert torch.equal(dxs, torch.ops.scaled_mask_softmax.backward(ys, dy.expand_as(ys), 0.5, True, "lower_right"))
+    assert not [w for w in recwarn if "batching rule" in str(w.message)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@CAUSAL_LIMITS
+def test_forward_mode_matches_the_reference(device, is_causal, variant):
     # torch.func.jvp, jacfwd and torch.autograd.forward_ad: the tangent through x and through a floating mask.
-    is_causal, variant = causal_variant is not None, causal_variant or "upper_left"
     x = random_scores((2, 3, 4, 6), torch.float64, device)
     bias = random_scores((4, 6), torch.float64, device, generator_seed=5)
     tangents = (random_scores(x.shape, torch.float64, device, generator_seed=6),
@@ -330,9 +407,9 @@ def test_opcheck(device, with_mask):
     x = random_scores((2, 3, 4, 40), torch.float32, device).requires_grad_()
     mask = torch.zeros(2, 1, 1, 40, device=device) if with_mask else None
     torch.library.opcheck(torch.ops.scaled_mask_softmax.forward.default, (x, mask, 0.5, True, "upper_left"))
-    y = torch.ops.scaled_mask_softmax.forward(x.detach(), mask, 0.5, True, "lower_right")
+    y = torch.ops.scaled_mask_softmax.forward(x.detach(), mask, 0.5, True, "lower_right").requires_grad_()
     torch.library.opcheck(torch.ops.scaled_mask_softmax.backward.default,
-                          (y, torch.randn_like(y), 0.5, True, "lower_right"))
+                          (y, torch.randn_like(y, requires_grad=True), 0.5, True, "lower_right"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -55,10 +55,14 @@ def test_direct_operator_calls_are_checked_too():
         torch.ops.scaled_mask_softmax.backward(X, X[0], 1.0)
 
 
-def test_double_backward_is_refused_not_zero():
-    # Without a derivative of the backward, a second derivative would silently come out as zeros.
-    x = X.clone().requires_grad_()
-    (dx,) = torch.autograd.grad(sms.scaled_mask_softmax(x, scale=0.5)[..., 0].sum(), x)
-    assert dx.abs().sum() > 0
-    with pytest.raises(RuntimeError, match="scaled_mask_softmax has no double backward"):
-        torch.autograd.grad(sms.scaled_mask_softmax(x, scale=0.5)[..., 0].sum(), x, create_graph=True)
+def test_direct_operator_calls_refuse_tangents():
+    # The C++ autograd carries no tangents: dropped, they would read as zero. The public function takes them.
+    import torch.autograd.forward_ad as forward_ad
+
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(X, torch.ones_like(X))
+        with pytest.raises(RuntimeError, match="scaled_mask_softmax.forward does not take forward-mode tangents"):
+            torch.ops.scaled_mask_softmax.forward(dual, None, 1.0, False, "upper_left")
+        with pytest.raises(RuntimeError, match="scaled_mask_softmax.backward does not take forward-mode tangents"):
+            torch.ops.scaled_mask_softmax.backward(X, dual, 1.0)
+        assert forward_ad.unpack_dual(sms.scaled_mask_softmax(dual)).tangent is not None

@@ -1,12 +1,13 @@
-// The forward's autograd kernel, for every device: the graph node saves y alone, and its backward is the
-// backward op (a learnable floating mask also gets the score gradient, summed over its broadcast dims); the
-// forward-mode tangent comes from the backward op too.
+// The operators' reverse-mode autograd kernels, for every device. The forward's graph node saves y alone, and its
+// backward is the backward op (a learnable floating mask also gets the score gradient, summed over its broadcast
+// dims); the backward op has a derivative of its own, so second and higher derivatives work.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 
 namespace sms {
 namespace {
@@ -33,17 +34,90 @@ at::Tensor call_backward(const at::Tensor& y, const at::Tensor& dy, double scale
   return backward_op.call(y, dy, scale, is_causal, causal_variant);
 }
 
+at::Tensor call_backward_below_autograd(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
+                                        c10::string_view causal_variant) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return call_backward(y, dy, scale, is_causal, causal_variant);
+}
+
+// Each saved_data entry is a map insert on every call that builds a graph, so the causal variant is kept only
+// when causal.
+void save_options(AutogradContext* ctx, double scale, bool is_causal, c10::string_view causal_variant) {
+  ctx->saved_data["scale"] = scale;
+  if (is_causal) ctx->saved_data["causal_variant"] = std::string(causal_variant);
+}
+
+std::tuple<double, bool, c10::string_view> saved_options(AutogradContext* ctx) {
+  const bool is_causal = ctx->saved_data.count("causal_variant") > 0;
+  return {ctx->saved_data["scale"].toDouble(), is_causal,
+          is_causal ? ctx->saved_data["causal_variant"].toStringView() : c10::string_view("upper_left")};
+}
+
+// A C++ autograd::Function cannot carry tangents. The public Python function takes a Python autograd.Function
+// wherever forward mode is on (_transforms.py); a direct call that got tangents would drop them silently.
+void check_no_tangent(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(!t._fw_grad(/*level=*/0).defined(), "torch.ops.scaled_mask_softmax.", op,
+              " does not take forward-mode tangents (dual tensors); call scaled_mask_softmax.scaled_mask_softmax, "
+              "which does");
+}
+
+// The backward op reads only a causal row's visible keys, so whatever lies past them has no effect on its result.
+at::Tensor visible_part(const at::Tensor& t, bool is_causal, c10::string_view causal_variant) {
+  if (!is_causal) return t;
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const at::Tensor visible = at::ones({rows, cols}, t.options().dtype(at::kBool))
+                                 .tril(causal_variant == "lower_right" ? cols - rows : 0);
+  return at::where(visible, t, at::zeros({}, t.options()));
+}
+
+at::Tensor row_sum(const at::Tensor& a, const at::Tensor& b) { return (a * b).sum(-1, /*keepdim=*/true); }
+
+// dx = scale * y * (dy - r), r = sum(dy * y) over a row. It is linear in dy, where the backward op is its own
+// adjoint; the adjoint of its derivative in y takes a gradient g of dx to scale * (g * (dy - r) - dy * sum(g * y)).
+class ScaledMaskSoftmaxBackwardFunction : public torch::autograd::Function<ScaledMaskSoftmaxBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& dy, double scale,
+                            bool is_causal, c10::string_view causal_variant) {
+    ctx->save_for_backward({y, dy});
+    save_options(ctx, scale, is_causal, causal_variant);
+    return call_backward_below_autograd(y, dy, scale, is_causal, causal_variant);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &y = saved[0], &grad_dx = grad_outputs[0];
+    const auto [scale, is_causal, causal_variant] = saved_options(ctx);
+    at::Tensor grad_y, grad_dy;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor g = visible_part(grad_dx, is_causal, causal_variant);
+      const at::Tensor dy = visible_part(saved[1], is_causal, causal_variant);
+      grad_y = scale * (g * (dy - row_sum(dy, y)) - dy * row_sum(g, y));
+    }
+    if (ctx->needs_input_grad(1)) grad_dy = call_backward(y, grad_dx, scale, is_causal, causal_variant);
+    return {grad_y, grad_dy, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor backward_autograd(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
+                             c10::string_view causal_variant) {
+  check_no_tangent(y, "backward");
+  check_no_tangent(dy, "backward");
+  // Function::apply allocates a graph node even when nothing requires grad; a plain call skips that.
+  if (!at::GradMode::is_enabled() || !(y.requires_grad() || dy.requires_grad())) {
+    return call_backward_below_autograd(y, dy, scale, is_causal, causal_variant);
+  }
+  return ScaledMaskSoftmaxBackwardFunction::apply(y, dy, scale, is_causal, causal_variant);
+}
+
 class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSoftmaxFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& mask,
                             double scale, bool is_causal, c10::string_view causal_variant) {
     at::Tensor y = call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
-    // dx = scale * y * (dy - sum(dy * y)) needs y alone. Each saved_data entry is a map insert on every call
-    // that builds a graph, so only what the backward reads is kept: the causal variant only when causal, the
-    // mask's shape and dtype only when the mask is learnable.
+    // dx = scale * y * (dy - sum(dy * y)) needs y alone; the mask's shape and dtype are kept only when the mask
+    // is learnable.
     ctx->save_for_backward({y});
-    ctx->saved_data["scale"] = scale;
-    if (is_causal) ctx->saved_data["causal_variant"] = std::string(causal_variant);
+    save_options(ctx, scale, is_causal, causal_variant);
     if (mask.has_value() && mask->requires_grad()) {
       ctx->saved_data["mask_sizes"] = mask->sym_sizes();
       ctx->saved_data["mask_dtype"] = mask->scalar_type();
@@ -52,16 +126,10 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // y, saved as this node's output, leads a second derivative back through this node.
     const at::Tensor y = ctx->get_saved_variables()[0];
     const at::Tensor& dy = grad_outputs[0];
-    // The backward op has no derivative of its own: a graph built through it would give zero second derivatives.
-    TORCH_CHECK(!at::GradMode::is_enabled() || !(y.requires_grad() || dy.requires_grad()),
-                "scaled_mask_softmax has no double backward: backward(create_graph=True) and higher-order "
-                "gradients through it are not supported");
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const bool is_causal = ctx->saved_data.count("causal_variant") > 0;
-    const c10::string_view causal_variant =
-        is_causal ? ctx->saved_data["causal_variant"].toStringView() : c10::string_view("upper_left");
+    const auto [scale, is_causal, causal_variant] = saved_options(ctx);
     // The graph's inputs are x, then the mask when one was given.
     const bool needs_x = ctx->needs_input_grad(0);
     const bool needs_mask = ctx->saved_data.count("mask_sizes") > 0 && ctx->needs_input_grad(1);
@@ -80,41 +148,21 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
   }
 };
 
-// Forward mode (torch.func.jvp, torch.autograd.forward_ad): the tangent of y = softmax(s) is
-// y * (ds - sum(y * ds)), the backward op's formula with ds = dx * scale + dmask in place of dy.
-at::Tensor score_tangent(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale) {
-  const at::Tensor x_tangent = x._fw_grad(/*level=*/0);
-  const at::Tensor mask_tangent = mask.has_value() ? mask->_fw_grad(/*level=*/0) : at::Tensor();
-  if (!mask_tangent.defined()) return x_tangent.defined() ? x_tangent * scale : at::Tensor();
-  return x_tangent.defined() ? x_tangent * scale + mask_tangent : mask_tangent.expand_as(x);
-}
-
 at::Tensor forward_autograd(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale,
                             bool is_causal, c10::string_view causal_variant) {
+  check_no_tangent(x, "forward");
+  if (mask.has_value()) check_no_tangent(*mask, "forward");
   const bool builds_graph =
       at::GradMode::is_enabled() && (x.requires_grad() || (mask.has_value() && mask->requires_grad()));
-  const at::Tensor tangent = score_tangent(x, mask, scale);
-  // Function::apply allocates a graph node even when nothing requires grad; a plain call skips that. It also
-  // refuses inputs that carry tangents, so it gets their primals, which keep the graph.
-  at::Tensor y;
-  if (!builds_graph) {
-    y = call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
-  } else if (!tangent.defined()) {
-    y = ScaledMaskSoftmaxFunction::apply(x, mask, scale, is_causal, causal_variant);
-  } else {
-    const std::optional<at::Tensor> mask_primal =
-        mask.has_value() ? std::optional<at::Tensor>(mask->_fw_primal(/*level=*/0)) : std::nullopt;
-    y = ScaledMaskSoftmaxFunction::apply(x._fw_primal(/*level=*/0), mask_primal, scale, is_causal, causal_variant);
-  }
-  if (tangent.defined()) {
-    y._set_fw_grad(call_backward(y._fw_primal(/*level=*/0), tangent, 1.0, is_causal, causal_variant),
-                   /*level=*/0, /*is_inplace_op=*/false);
-  }
-  return y;
+  if (!builds_graph) return call_forward_below_autograd(x, mask, scale, is_causal, causal_variant);
+  return ScaledMaskSoftmaxFunction::apply(x, mask, scale, is_causal, causal_variant);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(scaled_mask_softmax, Autograd, m) { m.impl("forward", &forward_autograd); }
+TORCH_LIBRARY_IMPL(scaled_mask_softmax, Autograd, m) {
+  m.impl("forward", &forward_autograd);
+  m.impl("backward", &backward_autograd);
+}
 
 }  // namespace sms
