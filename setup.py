@@ -65,11 +65,11 @@ def write_build_info(with_cuda):
     (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-# Asked once: cxx_flags() runs the compiler to see whether it takes -fopenmp.
+# Asked once: cxx_flags() runs the compiler to see whether it takes -fopenmp for torch's OpenMP runtime.
 cxx_flags = toolkit.cxx_flags()
 if sys.platform.startswith("linux") and "-fopenmp" not in cxx_flags:
-    print("scaled_mask_softmax: the C++ compiler does not take -fopenmp with <omp.h>: the CPU kernels will run on one "
-          "thread")
+    print("scaled_mask_softmax: the C++ compiler does not compile -fopenmp with <omp.h> for GCC's OpenMP runtime, "
+          "torch's own: the CPU kernels will run on one thread")
 extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / name) for name in toolkit.CPU_SOURCES],
                                          extra_compile_args={"cxx": cxx_flags})]
 with_cuda = want_cuda()

@@ -1,4 +1,5 @@
 """Loading the compiled kernels: the installed extensions, or a just-in-time build of the same sources."""
+import importlib
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ def _has_kernel(dispatch_key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(OPERATOR, dispatch_key)
 
 
-def _build_just_in_time(name: str, sources, with_cuda: bool) -> None:
+def _build_just_in_time(name: str, sources, with_cuda: bool, why: str) -> None:
     import os
 
     cuda_home = _toolkit.default_cuda_home()
@@ -23,30 +24,37 @@ def _build_just_in_time(name: str, sources, with_cuda: bool) -> None:
         os.environ.setdefault("CUDA_HOME", str(cuda_home))
     from torch.utils import cpp_extension
 
-    print(f"scaled_mask_softmax: the {'CUDA' if with_cuda else 'CPU'} kernels are not installed; building them "
-          "just in time (once, cached under torch's extensions folder)", file=sys.stderr)
+    print(f"scaled_mask_softmax: the {'CUDA' if with_cuda else 'CPU'} kernels {why}; building them just in time "
+          "(once, cached under torch's extensions folder)", file=sys.stderr)
     cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=_toolkit.cxx_flags(),
                        extra_cuda_cflags=_toolkit.cuda_flags() if with_cuda else None, with_cuda=with_cuda,
                        is_python_module=False)
 
 
+def _not_loaded(error: ImportError) -> str:
+    """Why an installed library did not load, as the build's message says it: a broken one says what broke.
+    (Hence importlib: `from . import _C` words a missing module as a circular import.)"""
+    return "are not installed" if isinstance(error, ModuleNotFoundError) else f"did not load ({error})"
+
+
 def load_cpu_kernels() -> str:
     """Registers the schema and CPU kernels; says where they came from."""
     try:
-        from . import _C  # noqa: F401
+        importlib.import_module(f"{__package__}._C")
         return "installed"
-    except ImportError:
+    except ImportError as error:
         _build_just_in_time("scaled_mask_softmax_cpu", [CSRC / name for name in _toolkit.CPU_SOURCES],
-                            with_cuda=False)
+                            with_cuda=False, why=_not_loaded(error))
         return "built just in time"
 
 
-def _try_installed_cuda_kernels() -> bool:
+def _load_installed_cuda_kernels():
+    """None once the installed CUDA kernels are registered; else why they are not."""
     try:
-        from . import _C_cuda  # noqa: F401
-        return True
-    except ImportError:
-        return False
+        importlib.import_module(f"{__package__}._C_cuda")
+        return None
+    except ImportError as error:
+        return _not_loaded(error)
 
 
 _cuda_ready = False
@@ -57,15 +65,17 @@ def ensure_cuda_kernels() -> None:
     global _cuda_ready
     if _cuda_ready:
         return
-    if not _has_kernel("CUDA") and not _try_installed_cuda_kernels():
-        sources = [CSRC / "cuda" / name for name in _toolkit.CUDA_SOURCES]
-        _build_just_in_time("scaled_mask_softmax_cuda", sources, with_cuda=True)
+    if not _has_kernel("CUDA"):
+        why = _load_installed_cuda_kernels()
+        if why is not None:
+            sources = [CSRC / "cuda" / name for name in _toolkit.CUDA_SOURCES]
+            _build_just_in_time("scaled_mask_softmax_cuda", sources, with_cuda=True, why=why)
     _cuda_ready = True
 
 
 def cuda_kernels_installed() -> bool:
-    return _has_kernel("CUDA") or _try_installed_cuda_kernels()
+    return _has_kernel("CUDA") or _load_installed_cuda_kernels() is None
 
 
 CPU_KERNELS = load_cpu_kernels()
-_try_installed_cuda_kernels()
+_load_installed_cuda_kernels()

@@ -67,13 +67,19 @@ CUDA_SOURCES = ("forward.cu", "forward_half.cu", "forward_bfloat16.cu", "forward
 
 def compiler_takes_openmp(env=None) -> bool:
     """Whether the C++ compiler (CXX in `env`, default this process's environment, else c++) compiles with
-    -fopenmp on Linux, <omp.h> included: torch's headers include it under that flag."""
+    -fopenmp on Linux, <omp.h> included (torch's headers include it under that flag), for GCC's OpenMP runtime:
+    torch's Linux wheels load that one (libgomp). Clang's and Intel's compilers call LLVM's runtime instead, which
+    is not loaded, and a library they built with the flag would not load."""
     env = os.environ if env is None else env
     if not sys.platform.startswith("linux"):
         return False
+    source = ("#include <omp.h>\n"
+              "#if defined(__clang__) || defined(__INTEL_COMPILER) || !defined(__GNUC__)\n"
+              "#error OpenMP runtime other than libgomp\n"
+              "#endif\n")
     try:
         compiled = subprocess.run(shlex.split(env.get("CXX", "c++")) + ["-fopenmp", "-fsyntax-only", "-x", "c++", "-"],
-                                  input="#include <omp.h>\n", capture_output=True, text=True, timeout=60)
+                                  input=source, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return compiled.returncode == 0

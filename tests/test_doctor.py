@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scaled_mask_softmax import _toolkit, doctor
+from scaled_mask_softmax import _build, _toolkit, doctor
 from scaled_mask_softmax.doctor import Finding, Target
 
 TORCH_CUDA = "13.0"
@@ -356,3 +356,12 @@ def test_openmp_is_asked_of_the_compiler_that_builds(tmp_path):
     assert not _toolkit.compiler_takes_openmp({"CXX": str(tmp_path / "no-such-compiler")})
     if sys.platform.startswith("linux") and shutil.which("g++"):
         assert _toolkit.compiler_takes_openmp({"CXX": "g++"})
+        # Clang's -fopenmp calls LLVM's runtime (__kmpc_fork_call), which torch does not load: a library built so
+        # fails to import. A compiler that says it is clang stands in for it.
+        assert not _toolkit.compiler_takes_openmp({"CXX": "g++ -D__clang__=1"})
+
+
+def test_a_library_that_does_not_load_says_why_it_is_rebuilt():
+    assert _build._not_loaded(ModuleNotFoundError("No module named 'scaled_mask_softmax._C'")) == "are not installed"
+    broken = ImportError("_C.so: undefined symbol: __kmpc_fork_call")
+    assert _build._not_loaded(broken) == "did not load (_C.so: undefined symbol: __kmpc_fork_call)"
