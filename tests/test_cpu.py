@@ -1,8 +1,10 @@
 """The CPU engine. On x86-64 it is built three times (16-byte vectors, AVX2, AVX-512), of which the widest that
 torch's own CPU kernels take runs (ATEN_CPU_CAPABILITY lowers it): its 16-bit conversions bit for bit, and the
-contract's CPU tests under each build this CPU can run."""
+contract's CPU tests under each build this CPU can run. Its portable builds (one lane, 16-byte vectors) also by
+other compilers and for aarch64, through tests/engine_check.cpp."""
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +59,31 @@ def test_contract_under_each_build(capability, tmp_path):
                "-k", "cpu and not under_each_build and not cuda"]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=tests.parent)
     assert finished.returncode == 0, finished.stdout[-5000:] + finished.stderr[-5000:]
+
+
+# Compiler and flags, then what runs the program: GCC and Clang here, and both for aarch64 (NEON; Grace, Graviton,
+# and Clang as on Apple silicon), whose programs run in an emulator.
+ENGINE_TARGETS = {
+    "gcc": (["g++"], []),
+    "clang": (["clang++"], []),
+    "aarch64-gcc": (["aarch64-linux-gnu-g++", "-static"], ["qemu-aarch64"]),
+    "aarch64-clang": (["clang++", "--target=aarch64-linux-gnu", "-static"], ["qemu-aarch64"]),
+}
+
+
+@pytest.mark.parametrize("target", ENGINE_TARGETS)
+def test_portable_builds_on_other_compilers_and_targets(target, tmp_path):
+    compiler, runner = ENGINE_TARGETS[target]
+    # Clang's aarch64 build takes its C++ library from the GCC cross toolchain.
+    tools = [compiler[0], *runner] + (["aarch64-linux-gnu-g++"] if target == "aarch64-clang" else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them where apt-get can)")
+    program = tmp_path / "engine_check"
+    include = Path(torch.__file__).parent / "include"
+    source = Path(__file__).parent / "engine_check.cpp"
+    built = subprocess.run([*compiler, "-std=c++20", "-O2", f"-I{include}", str(source), "-o", str(program)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-5000:]
+    finished = subprocess.run([*runner, str(program)], capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0 and finished.stdout.endswith("ok\n"), finished.stdout[-5000:]

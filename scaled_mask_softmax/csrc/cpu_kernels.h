@@ -105,9 +105,15 @@ struct Engine {
     return result;
   }
 
+  // `value` in every lane; -0.0 too, which a sum with zeros would make +0.0.
   template <typename T>
   SMS_CPU_INLINE static Lanes<T> broadcast(T value) {
-    return Lanes<T>{} + value;
+    return repeated(value, std::make_index_sequence<kLanes>{});
+  }
+
+  template <typename T, size_t... kIndex>
+  SMS_CPU_INLINE static Lanes<T> repeated(T value, std::index_sequence<kIndex...>) {
+    return Lanes<T>{(static_cast<void>(kIndex), value)...};
   }
 
   // Lane-wise `condition ? if_true : if_false`, condition being a comparison's result.
