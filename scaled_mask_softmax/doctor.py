@@ -10,7 +10,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -360,13 +359,14 @@ def check_cpu_kernels(cpu_source: str) -> Finding:
                    f"install them: {REBUILD}")
 
 
-def cpu_engine(machine: str, capability: str, threads: int) -> Finding:
-    """Which build of the CPU engine runs: on x86-64 the AVX2 or AVX-512 one where torch's own CPU kernels take
-    that instruction set (ATEN_CPU_CAPABILITY lowers it), otherwise the baseline's 16-byte vectors."""
-    x86 = machine.lower() in ("x86_64", "amd64")
-    build = f"{capability} build" if x86 and capability in ("AVX2", "AVX512") else "baseline build (16-byte vectors)"
-    return Finding("info", f"CPU engine: its {build} runs, on {threads} thread{'s' if threads != 1 else ''} "
-                           "(torch.set_num_threads)")
+def cpu_engine(build: str, threads: int, torch_threads: int) -> Finding:
+    """Which build of the CPU engine runs (on x86-64 the widest one that torch's own CPU kernels take, which
+    ATEN_CPU_CAPABILITY lowers), and on how many threads, as the library itself says."""
+    message = f"CPU engine: its {build} build runs, on {threads} thread{'s' if threads != 1 else ''}"
+    if threads < torch_threads:
+        return Finding("warn", f"{message} where torch takes {torch_threads}: it was compiled without GCC's OpenMP, "
+                               "torch's own runtime", f"rebuild it with GCC: CXX=g++ {REBUILD}")
+    return Finding("info", f"{message} (torch.set_num_threads)")
 
 
 def check_cuda_kernels(torch_cuda: Optional[str], extension: Optional[str], load_error: Optional[str],
@@ -507,7 +507,7 @@ def diagnose(env, run=run_command):
             yield check_installed_archs(gpu, capability, targets, source)
 
     yield check_cpu_kernels(_build.CPU_KERNELS)
-    yield cpu_engine(platform.machine(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    yield cpu_engine(*torch.ops.scaled_mask_softmax.cpu_engine(), torch.get_num_threads())
     yield check_cuda_kernels(torch_cuda, extension, load_error, _build.cuda_kernels_installed(), len(gpus))
     yield from check_build_info(build_info, torch.__version__)
     yield from check_fast_math(build_info, env)

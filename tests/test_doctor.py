@@ -272,9 +272,11 @@ def test_installed_targets_read_by_cuobjdump_else_from_the_build_record():
 def test_kernel_states():
     assert doctor.check_cpu_kernels("installed").status == "ok"
     assert doctor.check_cpu_kernels("built just in time").status == "warn"
-    assert "its AVX512 build runs, on 2 threads" in doctor.cpu_engine("x86_64", "AVX512", 2).message
-    assert "its baseline build" in doctor.cpu_engine("x86_64", "DEFAULT", 1).message
-    assert "its baseline build" in doctor.cpu_engine("aarch64", "SVE256", 4).message
+    assert doctor.cpu_engine("AVX-512", 2, 2) == Finding("info", "CPU engine: its AVX-512 build runs, on 2 threads "
+                                                                 "(torch.set_num_threads)")
+    one_thread = doctor.cpu_engine("16-byte vectors", 1, 8)
+    assert one_thread.status == "warn" and "on 1 thread where torch takes 8" in one_thread.message
+    assert "CXX=g++" in one_thread.fix
     assert doctor.check_cuda_kernels(None, None, None, False, 0).status == "info"
     failure = doctor.check_cuda_kernels(TORCH_CUDA, "/x/_C_cuda.so", "undefined symbol: _ZN3c10", False, 1)
     assert failure.status == "FAIL" and "undefined symbol" in failure.message

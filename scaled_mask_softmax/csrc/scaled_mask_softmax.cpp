@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "binding.h"
 #include "cpu_kernels.h"
@@ -87,6 +88,24 @@ Kernel widest_build(Kernel baseline, Kernel avx2, Kernel avx512) {
 }
 #endif
 
+// The build that runs, and the threads a call takes: one where this library was compiled without OpenMP, whatever
+// torch.set_num_threads says (at::parallel_for then runs inline). `doctor` reports both.
+std::tuple<std::string, int64_t> cpu_engine() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  const std::string build = widest_build<const char*>("16-byte vectors", "AVX2", "AVX-512");
+#elif defined(__GNUC__)
+  const std::string build = "16-byte vectors";
+#else
+  const std::string build = "one lane";
+#endif
+#if defined(_OPENMP)
+  const int64_t threads = at::get_num_threads();
+#else
+  const int64_t threads = 1;
+#endif
+  return {build, threads};
+}
+
 template <typename scalar_t, typename mask_t>
 void forward_cpu(const ForwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -152,6 +171,7 @@ TORCH_LIBRARY(scaled_mask_softmax, m) {
   // The backward of forward with the same scale and causal limit: hidden keys are not read, their gradient is 0.
   m.def(
       "backward(Tensor y, Tensor dy, float scale, bool is_causal=False, str causal_variant=\"upper_left\") -> Tensor");
+  m.def("cpu_engine() -> (str build, int threads)", &cpu_engine);
 }
 
 TORCH_LIBRARY_IMPL(scaled_mask_softmax, CPU, m) {
