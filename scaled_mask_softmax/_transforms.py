@@ -11,6 +11,9 @@ from .reference import causal_visible
 
 _forward_op = torch.ops.scaled_mask_softmax.forward.default
 _backward_op = torch.ops.scaled_mask_softmax.backward.default
+# torch.library.register_vmap may be newer than the oldest torch this package takes; without it, vmap runs the
+# operators once per sample (correct, slower) and says so.
+_register_vmap = getattr(torch.library, "register_vmap", lambda name: lambda rule: rule)
 
 
 def _batch_first(tensor, batch_dim, batch_size):
@@ -20,7 +23,7 @@ def _batch_first(tensor, batch_dim, batch_size):
     return tensor.movedim(batch_dim, 0)
 
 
-@torch.library.register_vmap("scaled_mask_softmax::forward")
+@_register_vmap("scaled_mask_softmax::forward")
 def _forward_vmap(info, in_dims, x, mask, scale, is_causal, causal_variant):
     x_dim, mask_dim = in_dims[:2]
     x = _batch_first(x, x_dim, info.batch_size)
@@ -31,7 +34,7 @@ def _forward_vmap(info, in_dims, x, mask, scale, is_causal, causal_variant):
     return _forward_op(x, mask, scale, is_causal, causal_variant), 0
 
 
-@torch.library.register_vmap("scaled_mask_softmax::backward")
+@_register_vmap("scaled_mask_softmax::backward")
 def _backward_vmap(info, in_dims, y, dy, scale, is_causal=False, causal_variant="upper_left"):
     y, dy = (_batch_first(t, dim, info.batch_size) for t, dim in zip((y, dy), in_dims[:2]))
     return _backward_op(y, dy, scale, is_causal, causal_variant), 0
