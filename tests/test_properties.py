@@ -175,6 +175,53 @@ def test_matches_reference(device, case):
         assert_close_to(mask.grad, dmask_ref, coarser, scale=gradient_scale * terms)
 
 
+@st.composite
+def batched_calls(draw):
+    """x and its mask for a vmapped call: each batched at any of its dims or not batched (not both unbatched)."""
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 4)) for _ in range(rank - 1)) + (draw(st.integers(1, 40)),)
+    mask_kind = draw(st.sampled_from(["none", "bool", "float32"]))
+    kept_dims = draw(st.integers(0, rank))
+    mask_shape = tuple(size if draw(st.booleans()) else 1 for size in shape[rank - kept_dims:])
+    x_dim = draw(st.sampled_from([None, *range(rank + 1)]))
+    mask_dim = None if mask_kind == "none" else draw(st.sampled_from([None, *range(len(mask_shape) + 1)]))
+    if x_dim is None and mask_dim is None:
+        x_dim = 0
+    causal_variant = draw(st.sampled_from([None, "upper_left", "lower_right"])) if rank >= 2 else None
+    return shape, mask_kind, mask_shape, x_dim, mask_dim, causal_variant, draw(st.integers(0, 2**31 - 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(call=batched_calls())
+def test_vmap_matches_a_call_per_sample(device, call):
+    # The batching rules (the forward's and, through y and dy, the backward's) against one call per sample.
+    shape, mask_kind, mask_shape, x_dim, mask_dim, causal_variant, seed = call
+    generator = torch.Generator().manual_seed(seed)
+    options = (0.7, causal_variant is not None, causal_variant or "upper_left")
+    batch = 3
+
+    def batched(sample_shape, dim):
+        if dim is None:
+            return torch.randn(sample_shape, generator=generator).to(device)
+        return torch.randn((batch, *sample_shape), generator=generator).movedim(0, dim).to(device)
+
+    def sample(tensor, dim, index):
+        return tensor if dim is None else tensor.select(dim, index)
+
+    x = batched(shape, x_dim)
+    mask = None if mask_kind == "none" else batched(mask_shape, mask_dim)
+    if mask_kind == "bool":
+        mask = mask > -0.5
+    ys = torch.func.vmap(lambda a, m: sms.scaled_mask_softmax(a, m, *options), in_dims=(x_dim, mask_dim))(x, mask)
+    expected = torch.stack([sms.scaled_mask_softmax(sample(x, x_dim, i), sample(mask, mask_dim, i), *options)
+                            for i in range(batch)])
+    torch.testing.assert_close(ys, expected)
+
+    dy = batched(shape, None)
+    dxs = torch.func.vmap(lambda y: torch.ops.scaled_mask_softmax.backward(y, dy, *options))(ys)
+    torch.testing.assert_close(dxs, torch.stack([torch.ops.scaled_mask_softmax.backward(y, dy, *options) for y in ys]))
+
+
 def torch_softmax_forward_backward(x, scale, dy, is_causal=False):
     """torch.softmax on the scores formed as the operator forms them (fp32, fp64 for fp64), and its x gradient."""
     x_scores = x.detach().cpu().to(compute_dtype_of(x.dtype)).requires_grad_()
