@@ -412,6 +412,40 @@ def test_opcheck(device, with_mask):
                           (y, torch.randn_like(y, requires_grad=True), 0.5, True, "lower_right"))
 
 
+class CausalScores(torch.nn.Module):
+    def forward(self, x, mask):
+        return sms.scaled_mask_softmax(x, mask, 0.5, is_causal=True)
+
+
+def exported_causal_scores(device):
+    """CausalScores under torch.export, its batch dim left dynamic."""
+    x = random_scores((2, 3, 5, 8), torch.float32, device)
+    mask = random_scores((8,), torch.float32, device, generator_seed=3)
+    return torch.export.export(CausalScores(), (x, mask), dynamic_shapes={"x": {0: torch.export.Dim("batch")},
+                                                                          "mask": None})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_export_keeps_the_operator(device):
+    # Serving: the exported program holds the operator as one node (shapes from its fake kernel) and runs it at
+    # another batch size.
+    program = exported_causal_scores(device)
+    calls = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert calls == [torch.ops.scaled_mask_softmax.forward.default]
+    x = random_scores((4, 3, 5, 8), torch.float32, device, generator_seed=4)
+    mask = random_scores((8,), torch.float32, device, generator_seed=5)
+    assert torch.equal(program.module()(x, mask), CausalScores()(x, mask))
+
+
+def test_aot_inductor_package_calls_the_operator(tmp_path):
+    # AOTInductor compiles the exported program ahead of time into a package that calls the operator through the
+    # dispatcher. On the CPU only: the same call on CUDA would also compile the package's own kernels.
+    program = exported_causal_scores("cpu")
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "scores.pt2"))
+    x, mask = random_scores((4, 3, 5, 8), torch.float32, "cpu", generator_seed=4), torch.zeros(8)
+    assert torch.equal(torch._inductor.aoti_load_package(package)(x, mask), CausalScores()(x, mask))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph_forward_and_backward(device):
     torch._dynamo.reset()
