@@ -437,15 +437,6 @@ def test_torch_export_keeps_the_operator(device):
     assert torch.equal(program.module()(x, mask), CausalScores()(x, mask))
 
 
-def test_aot_inductor_package_calls_the_operator(tmp_path):
-    # AOTInductor compiles the exported program ahead of time into a package that calls the operator through the
-    # dispatcher. On the CPU only: the same call on CUDA would also compile the package's own kernels.
-    program = exported_causal_scores("cpu")
-    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "scores.pt2"))
-    x, mask = random_scores((4, 3, 5, 8), torch.float32, "cpu", generator_seed=4), torch.zeros(8)
-    assert torch.equal(torch._inductor.aoti_load_package(package)(x, mask), CausalScores()(x, mask))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph_forward_and_backward(device):
     torch._dynamo.reset()
