@@ -79,12 +79,20 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
-// Causal rows of kHalfNarrowedFromColumns to kHalfNarrowedUpToColumns columns that see at most half their keys are
-// narrowed to what they see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries
-// as keys, ours over the floor (benchmarks/NOTES.md, v93 and version 68): bf16 rows of 2048-8192 columns 1.13-1.19 ->
-// 1.04-1.06, of 16,384 1.10 -> 1.03; fp32 1.04-1.10 -> 1.02-1.04. Longer rows were mixed: at 32,768 columns bf16 1.22
-// -> 1.07 but fp32 1.06 -> 1.08, at 65,536 bf16 1.05 -> 1.13 but fp32 1.11 -> 1.01.
-constexpr int64_t kHalfNarrowedUpToColumns = 16384;
+// Causal rows of kHalfNarrowedFromColumns or more that see at most half their keys are narrowed to what they see
+// (narrowed_to_visible) before any other kernel is tried, where the narrowed rows fit one block's registers.
+// Upper-left, half as many queries as keys, ours over the floor (benchmarks/NOTES.md, v93, version 68 and v96): bf16
+// rows of 2048-8192 columns 1.13-1.19 -> 1.04-1.06, of 16,384 1.10 -> 1.03; fp32 1.04-1.10 -> 1.02-1.04; 16-bit rows
+// of 32,768 columns 1.20-1.23 -> 1.04-1.07. Narrowed rows that take two passes either way were mixed: fp32 rows of
+// 32,768 columns 1.03-1.06 -> 1.04-1.09, 16-bit rows of 65,536 1.04-1.05 -> 1.12-1.14, but fp32 rows of 65,536
+// 1.11-1.23 -> 1.01-1.12.
+template <typename scalar_t, int VEC, bool kCausal>
+bool narrowed_at_half_fits_registers(const BackwardParams& p) {
+  const int64_t longest_visible = p.queries.value + p.causal_offset;
+  return plan_block(std::max<int64_t>(longest_visible, 1), VEC, registers_for<scalar_t>(VEC, 2),
+                    backward_target_iters(kCausal))
+      .in_registers;
+}
 
 // Causal rows beyond one block's registers that see at most a quarter of their keys are narrowed to what they see:
 // bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (version 63).
@@ -96,7 +104,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     backward_ladder<scalar_t, VEC, kCausal>(narrowed, stream);
   };
   scalar_t* const dx = static_cast<scalar_t*>(p.dx);
-  if (p.cols >= kHalfNarrowedFromColumns && p.cols <= kHalfNarrowedUpToColumns &&
+  if (p.cols >= kHalfNarrowedFromColumns && narrowed_at_half_fits_registers<scalar_t, VEC, kCausal>(p) &&
       narrowed_to_visible(p, dx, 2, stream, launch_narrowed)) {
     return;
   }
