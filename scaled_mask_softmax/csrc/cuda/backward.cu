@@ -105,7 +105,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   };
   scalar_t* const dx = static_cast<scalar_t*>(p.dx);
   if (p.cols >= kHalfNarrowedFromColumns && narrowed_at_half_fits_registers<scalar_t, VEC, kCausal>(p) &&
-      narrowed_to_visible(p, dx, 2, stream, launch_narrowed)) {
+      narrowed_to_visible(p, dx, kHalfNarrowedParts, stream, launch_narrowed)) {
     return;
   }
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;

@@ -18,20 +18,12 @@ namespace {
 // reads and exponentiates a row's visible keys in a loop (benchmarks/NOTES.md, v10). fp32 rows from 8192 columns,
 // where the two-pass kernel measured 1.16 of the floor against 1.44; 16-bit rows of 8192 columns measured slower in
 // two passes (bf16 1.57 against 1.37), and rows of 4096 or fewer much slower in any dtype (v17). Such rows are
-// narrowed first where they see at most 1/kNarrowedParts of their keys; the others take forward_staged where it
+// narrowed first where they see at most half their keys; the others take forward_staged where it
 // takes them, which draws its rows in order (v81) and measured faster than two passes: bf16 of 16,384 columns 1.126
 // -> 1.107 of the floor, fp32 of 8192 1.109 -> 1.061 and of 16,384 1.084 -> 1.078 (v91); two passes where it does
 // not (a mask row not in whole 16-byte words, a device other than sm_90).
 template <typename scalar_t>
 constexpr int64_t kCausalTwoPassColumns = sizeof(scalar_t) == 4 ? 8192 : 16384;
-
-// Causal rows of kHalfNarrowedFromColumns or more that see at most 1/kNarrowedParts of their keys are narrowed to
-// what they see (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys,
-// ours over the floor (benchmarks/NOTES.md, v94): bf16 of 2048 columns 1.25-1.41 -> 1.09-1.16, of 4096 1.21-1.25 ->
-// 1.13-1.23, of 8192 1.15-1.27 -> 1.08-1.14; fp32 of 2048 1.14-1.19 -> 1.05-1.06, of 4096 1.16-1.28 -> 1.07. Where
-// rows would leave the register kernels, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor
-// at 16,384 bf16 and fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15 (v92).
-constexpr int kNarrowedParts = 2;
 
 // Which long rows the cluster register kernel takes: those with an additive mask, whose slices hold twice the bytes
 // of x alone. Without one, or with a bool mask, the two-pass kernel at three blocks a multiprocessor measured
@@ -180,10 +172,17 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
+  // Causal rows of kHalfNarrowedFromColumns or more that see at most half their keys are narrowed to what they see
+  // (narrowed_to_visible) before any other kernel is tried. Upper-left, half as many queries as keys, ours over the
+  // floor (benchmarks/NOTES.md, v94): bf16 of 2048 columns 1.25-1.41 -> 1.09-1.16, of 4096 1.21-1.25 -> 1.13-1.23, of
+  // 8192 1.15-1.27 -> 1.08-1.14; fp32 of 2048 1.14-1.19 -> 1.05-1.06, of 4096 1.16-1.28 -> 1.07. Where rows would leave
+  // the register kernels, forward_staged's blocks, sized for the whole row, took 1.15-1.30 of the floor at 16,384 bf16
+  // and fp32 columns, two passes 1.07-1.14, narrowed 1.02-1.15 (v92).
+  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
+    forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
+  };
   if (p.cols >= kHalfNarrowedFromColumns &&
-      narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kNarrowedParts, stream, [&](const ForwardParams& narrowed) {
-        forward_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
-      })) {
+      narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kHalfNarrowedParts, stream, launch_narrowed)) {
     return;
   }
   const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));

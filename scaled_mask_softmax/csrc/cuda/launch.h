@@ -358,6 +358,8 @@ __global__ void __launch_bounds__(kZeroThreads)
 // rows are faster whole: at 1024 columns, narrowed, the forward measured 6-14% slower (its tails written after the
 // launch) and the backward 1% (v93).
 constexpr int64_t kHalfNarrowedFromColumns = 2048;
+// narrowed_to_visible's `parts` for those rows: they see at most 1/2 of their keys.
+constexpr int kHalfNarrowedParts = 2;
 
 // Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): zeroes every row of
 // `output` from the first multiple of 64 columns past what any row sees, then launch(narrowed), narrowed being p taken
