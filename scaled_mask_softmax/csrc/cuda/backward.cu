@@ -88,9 +88,7 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
 // 1.11-1.23 -> 1.01-1.12.
 template <typename scalar_t, int VEC, bool kCausal>
 bool narrowed_at_half_fits_registers(const BackwardParams& p) {
-  const int64_t longest_visible = p.queries.value + p.causal_offset;
-  return plan_block(std::max<int64_t>(longest_visible, 1), VEC, registers_for<scalar_t>(VEC, 2),
-                    backward_target_iters(kCausal))
+  return plan_block(narrowed_columns(p), VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal))
       .in_registers;
 }
 

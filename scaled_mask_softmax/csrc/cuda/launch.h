@@ -361,6 +361,14 @@ constexpr int64_t kHalfNarrowedFromColumns = 2048;
 // narrowed_to_visible's `parts` for those rows: they see at most 1/2 of their keys.
 constexpr int kHalfNarrowedParts = 2;
 
+// The columns narrowed_to_visible takes p's causal rows up to: as many as the longest row sees, in whole 128-byte lines
+// of 16-bit rows.
+template <typename Params>
+int64_t narrowed_columns(const Params& p) {
+  constexpr int64_t kColumnsAlike = 64;
+  return round_up(std::max<int64_t>(p.queries.value + p.causal_offset, 1), kColumnsAlike);
+}
+
 // Where p's causal rows see at most 1/`parts` of their keys (upper-left, fewer queries than keys): zeroes every row of
 // `output` from the first multiple of 64 columns past what any row sees, then launch(narrowed), narrowed being p taken
 // up to that column, so that kernels sized for the rows' visible part take them, rather than a kernel sized for the
@@ -373,11 +381,8 @@ constexpr int kHalfNarrowedParts = 2;
 // forward 5-9% (version 68).
 template <typename scalar_t, typename Params, typename Launch>
 bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStream_t stream, const Launch& launch) {
-  // Whole 128-byte lines of 16-bit rows before the zeros.
-  constexpr int64_t kColumnsAlike = 64;
-  const int64_t longest_visible = p.queries.value + p.causal_offset;
-  if (!p.is_causal || parts * longest_visible > p.cols) return false;
-  const int64_t columns = round_up(std::max<int64_t>(longest_visible, 1), kColumnsAlike);
+  if (!p.is_causal || parts * (p.queries.value + p.causal_offset) > p.cols) return false;
+  const int64_t columns = narrowed_columns(p);
   if (columns >= p.cols) return false;
   const auto zero = [&](auto word) {
     using Word = decltype(word);
