@@ -92,6 +92,20 @@ bool narrowed_at_half_fits_registers(const BackwardParams& p) {
       .in_registers;
 }
 
+// fp32 causal rows of kFloatHalfNarrowedFromColumns or more that see at most half their keys are narrowed too,
+// though the narrowed rows take two passes as the whole ones do: whole, the row kernel's stores of their zeros
+// (half of dx) run at 3.7 TB/s, slower than a kernel that only writes them (benchmarks/NOTES.md, v99: 1.11-1.16 ->
+// 1.01-1.09 of the floor). At 32,768 columns the rows taken alone run at 1.10 of their floor and the whole ones at
+// 1.02 (narrowed 1-2% slower); 16-bit rows of 65,536 narrowed were 8-9% slower.
+constexpr int64_t kFloatHalfNarrowedFromColumns = 65536;
+
+template <typename scalar_t, int VEC, bool kCausal>
+bool narrowed_at_half(const BackwardParams& p) {
+  return p.cols >= kHalfNarrowedFromColumns &&
+         (narrowed_at_half_fits_registers<scalar_t, VEC, kCausal>(p) ||
+          (std::is_same_v<scalar_t, float> && p.cols >= kFloatHalfNarrowedFromColumns));
+}
+
 // Causal rows beyond one block's registers that see at most a quarter of their keys are narrowed to what they see:
 // bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (version 63).
 constexpr int kLongRowNarrowedParts = 4;
@@ -102,7 +116,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     backward_ladder<scalar_t, VEC, kCausal>(narrowed, stream);
   };
   scalar_t* const dx = static_cast<scalar_t*>(p.dx);
-  if (p.cols >= kHalfNarrowedFromColumns && narrowed_at_half_fits_registers<scalar_t, VEC, kCausal>(p) &&
+  if (narrowed_at_half<scalar_t, VEC, kCausal>(p) &&
       narrowed_to_visible(p, dx, kHalfNarrowedParts, stream, launch_narrowed)) {
     return;
   }
