@@ -1,6 +1,10 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+import scaled_mask_softmax
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DEVICES = [
@@ -43,3 +47,11 @@ def reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy):
 def random_scores(shape, dtype, device, generator_seed=0):
     generator = torch.Generator().manual_seed(generator_seed)
     return (torch.randn(shape, generator=generator, dtype=torch.float64) * 2).to(dtype).to(device)
+
+
+def environment_importing_this_package(**settings):
+    """os.environ, with `settings`, for a child process that imports the package this one imported, installed or not
+    (a tree built in place)."""
+    package_root = str(Path(scaled_mask_softmax.__file__).resolve().parents[1])
+    return {**os.environ, **settings,
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

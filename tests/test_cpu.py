@@ -2,7 +2,6 @@
 torch's own CPU kernels take runs (ATEN_CPU_CAPABILITY lowers it): its 16-bit conversions bit for bit, and the
 contract's CPU tests under each build this CPU can run. Its portable builds (one lane, 16-byte vectors) also by
 other compilers and for aarch64, through tests/engine_check.cpp."""
-import os
 import platform
 import shutil
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import scaled_mask_softmax
+from conftest import environment_importing_this_package
 from scaled_mask_softmax import _toolkit
 
 # From the narrowest build to the widest, as torch.backends.cpu.get_cpu_capability() names them.
@@ -59,11 +58,9 @@ def test_contract_under_each_build(capability, tmp_path):
     if capability not in lower_capabilities():
         pytest.skip(f"this process runs {torch.backends.cpu.get_cpu_capability()}, not above {capability}")
     tests = Path(__file__).parent
-    package_root = str(Path(scaled_mask_softmax.__file__).resolve().parents[1])
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-           # torch.compile's cache of CPU code is not keyed by ATEN_CPU_CAPABILITY.
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    # torch.compile's cache of CPU code is not keyed by ATEN_CPU_CAPABILITY.
+    env = environment_importing_this_package(ATEN_CPU_CAPABILITY=capability.lower(),
+                                             TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                str(tests / "test_contract.py"), str(tests / "test_properties.py"), str(tests / "test_cpu.py"),
                "-k", "cpu and not under_each_build and not portable and not cuda"]

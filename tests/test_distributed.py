@@ -1,7 +1,6 @@
 """DistributedDataParallel in two processes (gloo on the CPU, nccl on two GPUs) training a small Transformer
 built on the operator, against one process on the whole global batch: with the ranks' gradients averaged, every
 step's loss and the final parameters must agree."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import distributed_train
-import scaled_mask_softmax
+from conftest import environment_importing_this_package
 
 SCRIPT = Path(__file__).with_name("distributed_train.py")
 
@@ -25,10 +24,8 @@ DEVICES = [
 def test_ddp_matches_single_process(device, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
                "--device", device, "--out", str(tmp_path)]
-    # The ranks import the package this process imported, installed or not (a tree built in place).
-    package_root = str(Path(scaled_mask_softmax.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env=environment_importing_this_package())
     assert finished.returncode == 0, finished.stdout + finished.stderr
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
 
