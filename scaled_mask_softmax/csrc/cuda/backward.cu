@@ -84,8 +84,8 @@ bool launch_backward_reread(const BackwardParams& p, cudaStream_t stream) {
 // Upper-left, half as many queries as keys, ours over the floor (benchmarks/NOTES.md, v93, version 68 and v96): bf16
 // rows of 2048-8192 columns 1.13-1.19 -> 1.04-1.06, of 16,384 1.10 -> 1.03; fp32 1.04-1.10 -> 1.02-1.04; 16-bit rows
 // of 32,768 columns 1.20-1.23 -> 1.04-1.07. Narrowed rows that take two passes either way were mixed: fp32 rows of
-// 32,768 columns 1.03-1.06 -> 1.04-1.09, 16-bit rows of 65,536 1.04-1.05 -> 1.12-1.14, but fp32 rows of 65,536
-// 1.11-1.23 -> 1.01-1.12.
+// 32,768 columns 1.03-1.06 -> 1.04-1.09, 16-bit rows of 65,536 1.04-1.05 -> 1.12-1.14; fp32 rows of 65,536 gained
+// (narrowed_at_half).
 template <typename scalar_t, int VEC, bool kCausal>
 bool narrowed_at_half_fits_registers(const BackwardParams& p) {
   return plan_block(narrowed_columns(p), VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal))
