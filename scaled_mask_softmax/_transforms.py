@@ -113,14 +113,17 @@ class TransformableSoftmax(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         scale, is_causal, causal_variant = ctx.options
         needs_x, needs_mask = ctx.needs_input_grad[:2]
-        if not needs_mask:
-            dx = TransformableBackward.apply(y, dy, *ctx.options) if needs_x else None
-            return dx, None, None, None, None
-        grad_scores = TransformableBackward.apply(y, dy, 1.0, is_causal, causal_variant)
-        mask_shape, mask_dtype = ctx.mask_form
-        accumulate = torch.float64 if mask_dtype == torch.float64 else torch.float32
-        dmask = grad_scores.to(accumulate).sum_to_size(mask_shape).to(mask_dtype)
-        return grad_scores * scale if needs_x else None, dmask, None, None, None
+        dx = dmask = None
+        if needs_mask:
+            # As csrc/autograd.cpp: the bias's terms formed in the type of their sum.
+            mask_shape, mask_dtype = ctx.mask_form
+            accumulate = torch.promote_types(torch.promote_types(mask_dtype, y.dtype), torch.float32)
+            grad_scores = TransformableBackward.apply(y.to(accumulate), dy.to(accumulate), 1.0, is_causal,
+                                                      causal_variant)
+            dmask = grad_scores.sum_to_size(mask_shape).to(mask_dtype)
+        if needs_x:
+            dx = TransformableBackward.apply(y, dy, scale, is_causal, causal_variant)
+        return dx, dmask, None, None, None
 
     @staticmethod
     def jvp(ctx, x_tangent, mask_tangent, *_):

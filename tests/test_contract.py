@@ -256,6 +256,28 @@ def test_mask_gradient_without_x_gradient(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bias_gradient_under_16_bit_scores_is_summed_in_fp32(device, dtype):
+    """A learnable fp32 bias under 16-bit x: its gradient within fp32's rounding of the float64 sum of the score
+    gradients formed from our own y and dy (each term formed in 16 bits would round, the smallest to zero, before
+    the sum), and x's gradient the same, bit for bit, as with a bias that is not learnable."""
+    x = random_scores((4, 6, 64, 64), dtype, device)
+    bias = random_scores((64, 64), torch.float32, device, generator_seed=4)
+    dy = random_scores(x.shape, dtype, device, generator_seed=1) * 1e-5
+    x_learning, bias_learning = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    y = sms.scaled_mask_softmax(x_learning, bias_learning, 0.125)
+    y.backward(dy)
+    y64, dy64 = y.detach().double().cpu(), dy.double().cpu()
+    terms = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+    expected = terms.sum((0, 1))
+    error = (bias_learning.grad.double().cpu() - expected).abs()
+    assert (error <= 1e-5 * terms.abs().sum((0, 1)) + 1e-30).all()
+    x_alone = x.clone().requires_grad_()
+    sms.scaled_mask_softmax(x_alone, bias, 0.125).backward(dy)
+    assert torch.equal(x_learning.grad, x_alone.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bool_mask_gets_no_gradient(device):
     x = random_scores((2, 4, 6), torch.float32, device).requires_grad_()
     mask = torch.ones(4, 6, dtype=torch.bool, device=device)

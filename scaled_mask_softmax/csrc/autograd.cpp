@@ -135,15 +135,15 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
     const bool needs_mask = ctx->saved_data.count("mask_sizes") > 0 && ctx->needs_input_grad(1);
     at::Tensor dx, dmask;
     if (needs_mask) {
-      // d(loss)/d(scores) serves both: dx is it times scale, a learnable bias gets it summed over broadcast dims.
-      at::Tensor grad_scores = call_backward(y, dy, 1.0, is_causal, causal_variant);
+      // A learnable bias gets d(loss)/d(scores) summed over its broadcast dims, each term formed in the type of the
+      // sum: formed in a 16-bit x's dtype, the terms of a small gradient would round, many to zero, before it.
       const auto mask_dtype = ctx->saved_data["mask_dtype"].toScalarType();
-      const auto accumulate = mask_dtype == at::kDouble ? at::kDouble : at::kFloat;
-      dmask = at::sum_to(grad_scores.to(accumulate), ctx->saved_data["mask_sizes"].toSymIntVector()).to(mask_dtype);
-      if (needs_x) dx = grad_scores * scale;
-    } else if (needs_x) {
-      dx = call_backward(y, dy, scale, is_causal, causal_variant);
+      const auto accumulate = at::promote_types(at::promote_types(mask_dtype, y.scalar_type()), at::kFloat);
+      const at::Tensor grad_scores =
+          call_backward(y.to(accumulate), dy.to(accumulate), 1.0, is_causal, causal_variant);
+      dmask = at::sum_to(grad_scores, ctx->saved_data["mask_sizes"].toSymIntVector()).to(mask_dtype);
     }
+    if (needs_x) dx = call_backward(y, dy, scale, is_causal, causal_variant);
     return {dx, dmask, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
