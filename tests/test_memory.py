@@ -1,6 +1,7 @@
 """Memory: autograd keeps only y, repeated calls leave nothing behind, and forward+backward peaks no higher
 than the eager composite."""
 import gc
+import math
 import os
 import resource
 import tracemalloc
@@ -132,3 +133,33 @@ def test_peak_memory_not_above_eager_composite(record_property):
     print(f"\npeak memory of forward+backward, {list(shape)} bfloat16, key padding and causal: "
           f"ours {peaks['ours'] / 2**20:.1f} MiB, eager composite {peaks['eager'] / 2**20:.1f} MiB")
     assert peaks["ours"] <= peaks["eager"]
+
+
+def bytes_allocated_during(call, device):
+    """What `call` allocates: at its peak on CUDA, in all on the CPU (as torch's profiler records it)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        call()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profile:
+        call()
+    return sum(max(event.self_cpu_memory_usage, 0) for event in profile.events())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_dtype, mask_shape", [(torch.float64, (64, 256)), (torch.float16, (1, 8, 64, 256)),
+                                                    (torch.bfloat16, (4, 1, 64, 1))])
+def test_expanded_masks_are_not_written_out(device, mask_dtype, mask_shape):
+    """A mask passed as an expanded view of x's shape is converted to the compute type (fp64 and fp16 under bf16
+    x), or its rows made contiguous (a last dim of 1, expanded over the keys), at its own size: y and the mask's own
+    elements, each along the keys in fp32 at most, are all the call allocates."""
+    shape = (4, 8, 64, 256)
+    x = random_scores(shape, torch.bfloat16, device)
+    mask = random_scores(mask_shape, mask_dtype, device, generator_seed=4).expand(shape)
+    sms.scaled_mask_softmax(x, mask)  # warm-up: one-time state stays out of the measurement
+    allocated = bytes_allocated_during(lambda: sms.scaled_mask_softmax(x, mask), device)
+    y_bytes = x.numel() * x.element_size()
+    assert allocated <= y_bytes + math.prod(mask_shape[:-1]) * shape[-1] * 4

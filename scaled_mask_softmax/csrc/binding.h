@@ -39,14 +39,24 @@ struct PreparedMask {
   at::Tensor expanded;
 };
 
+// `t` with each dim of stride 0 (an expanded view's) taken at size 1, so that a conversion or copy of it does not
+// write out what the view repeats.
+inline at::Tensor without_repeats(const at::Tensor& t) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && sizes[d] > 1) sizes[d] = 1;
+  }
+  return t.as_strided(sizes, t.strides());
+}
+
 inline PreparedMask prepare_mask(const std::optional<at::Tensor>& mask, const at::Tensor& x) {
   if (!mask.has_value()) return {};
-  at::Tensor m = *mask;
-  TORCH_CHECK(m.device() == x.device(), "mask must be on x's device (", x.device(), "), got ", m.device());
-  TORCH_CHECK(m.dtype() == at::kBool || at::isFloatingType(m.scalar_type()),
-              "mask must be bool or floating, got ", m.scalar_type());
-  TORCH_CHECK_VALUE(broadcasts_to(m.sizes(), x.sizes()), "mask of shape ", shape_string(m.sizes()),
+  TORCH_CHECK(mask->device() == x.device(), "mask must be on x's device (", x.device(), "), got ", mask->device());
+  TORCH_CHECK(mask->dtype() == at::kBool || at::isFloatingType(mask->scalar_type()),
+              "mask must be bool or floating, got ", mask->scalar_type());
+  TORCH_CHECK_VALUE(broadcasts_to(mask->sizes(), x.sizes()), "mask of shape ", shape_string(mask->sizes()),
                     " does not broadcast to x of shape ", shape_string(x.sizes()));
+  at::Tensor m = without_repeats(*mask);
   MaskKind kind = MaskKind::kBool;
   if (m.dtype() == x.dtype()) {
     kind = MaskKind::kSameAsX;
