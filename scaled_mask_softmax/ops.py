@@ -36,14 +36,24 @@ def _check_arguments(x, mask, scale, is_causal, causal_variant):
     # Whether the mask broadcasts to x is left to the operator (csrc/binding.h), where it costs next to nothing.
 
 
+def _type_name(value):
+    """`int`, `numpy.bool`: a type outside the builtins named with its module, so that numpy.bool is not `bool`."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _check_options(scale, is_causal, causal_variant):
     # A float is let through first: isinstance against numbers.Real costs about half a microsecond a call.
     if type(scale) is not float and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
-        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+        raise TypeError(f"scale must be a real number, got {_type_name(scale)}")
+    try:
+        finite = math.isfinite(scale)
+    except OverflowError:
+        raise ValueError(f"scale must be finite, got {_type_name(scale)} beyond a float's range") from None
+    if not finite:
         raise ValueError(f"scale must be finite, got {scale}")
     if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        raise TypeError(f"is_causal must be a bool, got {_type_name(is_causal)}")
     if causal_variant not in CAUSAL_VARIANTS:
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
 

@@ -1,6 +1,7 @@
 """Bad input gets an error that names the argument and says what was expected and what came."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,8 +29,14 @@ X = torch.randn(2, 3, 4, 5)
      "causal_variant must be 'upper_left' or 'lower_right', got 'bottom_right'"),
     (lambda: sms.scaled_mask_softmax(X, scale=math.inf), ValueError, "scale must be finite, got inf"),
     (lambda: sms.scaled_mask_softmax(X, scale=math.nan), ValueError, "scale must be finite, got nan"),
+    (lambda: sms.scaled_mask_softmax(X, scale=10**400), ValueError, "scale must be finite, got int beyond a float's"),
+    (lambda: sms.scaled_mask_softmax(X, scale=1e39), ValueError,
+     "scale must be finite in x's compute type (Float), got 1e+39"),
+    (lambda: sms.scaled_mask_softmax(X.half(), scale=-1e39), ValueError,
+     "scale must be finite in x's compute type (Float), got -1e+39"),
     (lambda: sms.scaled_mask_softmax(X, scale="0.5"), TypeError, "scale must be a real number, got str"),
     (lambda: sms.scaled_mask_softmax(X, is_causal=1), TypeError, "is_causal must be a bool, got int"),
+    (lambda: sms.scaled_mask_softmax(X, is_causal=np.True_), TypeError, "is_causal must be a bool, got numpy.bool"),
     (lambda: sms.ScaledMaskSoftmax(scale=float("inf")), ValueError, "scale must be finite, got inf"),
     (lambda: sms.ScaledMaskSoftmax(causal_variant="lower"), ValueError, "causal_variant must be"),
 ])
@@ -53,6 +60,17 @@ def test_direct_operator_calls_are_checked_too():
         torch.ops.scaled_mask_softmax.forward(X, torch.zeros(2, 1, 1, 4), 1.0, False, "upper_left")
     with pytest.raises(RuntimeError, match="dy must have y's shape"):
         torch.ops.scaled_mask_softmax.backward(X, X[0], 1.0)
+    for scale in (math.inf, math.nan, 1e39):
+        with pytest.raises(ValueError, match=r"scale must be finite in x's compute type \(Float\)"):
+            torch.ops.scaled_mask_softmax.forward(X, None, scale, False, "upper_left")
+        with pytest.raises(ValueError, match=r"scale must be finite in y's compute type \(Float\)"):
+            torch.ops.scaled_mask_softmax.backward(X, X, scale)
+
+
+def test_fp64_scores_take_any_finite_scale():
+    x = torch.tensor([[0.0, 1e-300]], dtype=torch.float64)
+    expected = torch.softmax(x * 1e300, dim=-1)
+    torch.testing.assert_close(sms.scaled_mask_softmax(x, scale=1e300), expected)
 
 
 def test_direct_operator_calls_refuse_tangents():

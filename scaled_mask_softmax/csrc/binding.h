@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -114,6 +117,18 @@ inline void check_causal(const char* name, const at::Tensor& scores, bool is_cau
               "causal_variant must be 'upper_left' or 'lower_right', got '", causal_variant, "'");
 }
 
+// The kernels take scale in the scores' compute type: a scale beyond float's range would turn every score of a
+// 16-bit or fp32 row into +-inf or NaN.
+inline void check_scale(double scale, const char* name, const at::Tensor& scores) {
+  const auto compute_type = at::toOpMathType(scores.scalar_type());
+  const double largest = compute_type == at::kDouble ? std::numeric_limits<double>::max()
+                                                     : std::numeric_limits<float>::max();
+  if (std::abs(scale) <= largest) return;
+  char text[32];  // formatted apart from iostreams, as shape_string's numbers are
+  std::snprintf(text, sizeof(text), "%g", scale);
+  TORCH_CHECK_VALUE(false, "scale must be finite in ", name, "'s compute type (", compute_type, "), got ", text);
+}
+
 inline void check_x(const at::Tensor& x, bool is_causal, std::string_view causal_variant) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "x must be float16, bfloat16, float32 or float64, got ",
               x.scalar_type());
@@ -139,6 +154,7 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
                                            double scale, bool is_causal, std::string_view causal_variant,
                                            ForwardParams& p) {
   check_x(x_in, is_causal, causal_variant);
+  check_scale(scale, "x", x_in);
   at::Tensor x = with_contiguous_rows(x_in);
   PreparedMask mask = prepare_mask(mask_in, x);
   std::vector<at::Tensor> operands{x};
@@ -178,6 +194,7 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
   TORCH_CHECK(dy_in.device() == y_in.device(), "dy must be on y's device (", y_in.device(), "), got ",
               dy_in.device());
   TORCH_CHECK(y_in.dim() >= 1, "y must have at least 1 dim, got a 0-d tensor");
+  check_scale(scale, "y", y_in);
   at::Tensor y = with_contiguous_rows(y_in);
   at::Tensor dy = with_contiguous_rows(dy_in.to(y.scalar_type()));
   std::vector<at::Tensor> operands{y, dy};
