@@ -4,6 +4,7 @@ import math
 import numbers
 
 import torch
+import torch._C._functorch as _functorch
 import torch.autograd.forward_ad as forward_ad
 
 from . import _build
@@ -58,6 +59,15 @@ def _check_options(scale, is_causal, causal_variant):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
 
 
+def _functionalized():
+    """Whether torch.func.functionalize is among the transforms active. It has no rule for an autograd.Function such
+    as TransformableSoftmax (torch raises NYI); the operator itself, which mutates nothing, needs none, and vmap
+    takes its batching rules."""
+    stack = _functorch.get_interpreter_stack() if hasattr(_functorch, "get_interpreter_stack") else None
+    stack = stack or [_functorch.peek_interpreter_stack()]
+    return any(interpreter.key() == _functorch.TransformType.Functionalize for interpreter in stack)
+
+
 def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant="upper_left"):
     """`softmax(x * scale + mask)` over the last dim, in one fused kernel.
 
@@ -71,7 +81,7 @@ def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant
     _check_arguments(x, mask, scale, is_causal, causal_variant)
     if x.is_cuda:
         _build.ensure_cuda_kernels()
-    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+    if forward_ad._current_level >= 0 or (torch._C._are_functorch_transforms_active() and not _functionalized()):
         return TransformableSoftmax.apply(x, mask, float(scale), is_causal, causal_variant)
     return _forward_op(x, mask, float(scale), is_causal, causal_variant)
 

@@ -360,6 +360,19 @@ def test_torch_func_transforms_match_the_reference(device, is_causal, variant):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_functionalize_alone_and_with_vmap(device):
+    x = random_scores((4, 3, 5), torch.float64, device)
+    bias = random_scores((3, 5), torch.float64, device, generator_seed=5)
+    transforms = [torch.func.functionalize,
+                  lambda f: torch.func.functionalize(torch.func.vmap(f)),
+                  lambda f: torch.func.vmap(torch.func.functionalize(f))]
+    for transform in transforms:
+        ours, expected = (transform(lambda a, op=op: op(a, bias, 0.7, True, "lower_right"))(x)
+                          for op in (sms.scaled_mask_softmax, sms.scaled_mask_softmax_reference))
+        assert_close_to(ours, expected, torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_vmap_takes_the_operators_batching_rules(device, recwarn):
     # Without a batching rule vmap would run the operator once per sample, and warn.
     scores = random_scores((4, 2, 3, 5), torch.float32, device)
