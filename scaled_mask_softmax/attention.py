@@ -59,31 +59,32 @@ def repeat_heads(kv, heads):
     return kv[:, :, None].expand(batch, kv_heads, groups, length, head_dim).reshape(batch, heads, length, head_dim)
 
 
-def _probabilities(q, k, mask, is_causal, scale):
+def _probabilities(q, k, mask, is_causal, scale, causal_variant):
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = q @ repeat_heads(k, q.shape[1]).transpose(-2, -1)
-    return scaled_mask_softmax(scores, mask, scale, is_causal, causal_variant="lower_right")
+    return scaled_mask_softmax(scores, mask, scale, is_causal, causal_variant)
 
 
-def attention_probabilities(q, k, mask=None, is_causal=False, scale=None):
+def attention_probabilities(q, k, mask=None, is_causal=False, scale=None, causal_variant="lower_right"):
     """`softmax(q @ k^T * scale + mask)` as `[B, H, Sq, Sk]`: `attention` without the product with v."""
     _check_query_key(q, k, mask)
-    return _probabilities(q, k, mask, is_causal, scale)
+    return _probabilities(q, k, mask, is_causal, scale, causal_variant)
 
 
-def attention(q, k, v, mask=None, is_causal=False, scale=None):
+def attention(q, k, v, mask=None, is_causal=False, scale=None, causal_variant="lower_right"):
     """`softmax(q @ k^T * scale + mask) @ v` with the fused softmax.
 
     q: `[B, H, Sq, D]`; k, v: `[B, H_kv, Sk, D]` and `[B, H_kv, Sk, Dv]`, where H_kv divides H (grouped-query
         heads: query head h reads key/value head `h // (H // H_kv)`).
     mask: None; bool (True = attend); or floating, added to the scaled scores. It must broadcast to
         `[B, H, Sq, Sk]`.
-    is_causal: query i cannot see key j > i + Sk - Sq (aligned lower-right, so right for a KV cache; for
-        Sq == Sk this is the usual j > i).
+    is_causal: query i cannot see key j > i + Sk - Sq by default ("lower_right": the last query sees every key, as
+        when decoding from a KV cache); with causal_variant="upper_left", j > i, as F.scaled_dot_product_attention's
+        is_causal. The two differ only where Sq != Sk.
     scale: defaults to 1 / sqrt(D).
     A query that can see no key gets zeros.
     """
     _check_query_key(q, k, mask)
     _check_value(q, k, v)
-    return _probabilities(q, k, mask, is_causal, scale) @ repeat_heads(v, q.shape[1])
+    return _probabilities(q, k, mask, is_causal, scale, causal_variant) @ repeat_heads(v, q.shape[1])

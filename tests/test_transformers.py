@@ -83,6 +83,17 @@ def test_attention_with_kv_cache_matches_full_causal_attention(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_attention_upper_left_is_sdpa_is_causal(device):
+    """causal_variant="upper_left" gives F.scaled_dot_product_attention's is_causal, where Sq != Sk."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64, device=device)
+    k, v = (torch.randn(2, 4, 9, 8, dtype=torch.float64, device=device) for _ in range(2))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attention(q, k, v, is_causal=True, causal_variant="upper_left"), expected)
+    assert not torch.allclose(attention(q, k, v, is_causal=True), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_attention_fully_masked_query_gives_zeros(device):
     q, k, v = (torch.randn(1, 2, 4, 8, device=device) for _ in range(3))
     mask = torch.ones(1, 1, 4, 4, dtype=torch.bool, device=device)
