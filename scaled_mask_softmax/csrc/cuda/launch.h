@@ -382,6 +382,8 @@ int64_t narrowed_columns(const Params& p) {
 template <typename scalar_t, typename Params, typename Launch>
 bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStream_t stream, const Launch& launch) {
   if (!p.is_causal || parts * (p.queries.value + p.causal_offset) > p.cols) return false;
+  // The forward's narrowed kernels count a row's columns up to output_row_stride in int.
+  if (p.output_row_stride > std::numeric_limits<int>::max()) return false;
   const int64_t columns = narrowed_columns(p);
   if (columns >= p.cols) return false;
   const auto zero = [&](auto word) {

@@ -40,7 +40,7 @@ __device__ __forceinline__ T warp_reduce(T value, Op op) {
 // alternate: a block may send the next row's value while another still reads this row's. Lives in shared memory;
 // every thread of every block of the cluster calls each member, the same number of times.
 template <typename T, int kMaxRanks>
-struct ClusterExchange {
+struct alignas(16) ClusterExchange {  // slots of 16 bytes are sent by one 16-byte st.async
   static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "sent as one st.async");
   uint64_t arrived[2];
   T slots[2][kMaxRanks];
