@@ -1,7 +1,8 @@
 """python -m scaled_mask_softmax check: the correctness matrix against the float64 reference.
 
-Every mask form, dtype and row length on every available device, forward and backward; exits 0 only if every
-row passes.
+Each mask form of the benchmark (none, a full additive mask, causal, both, a bool key-padding mask [B,1,1,Sk], a
+bias [1,H,Sq,Sk]) in fp32, fp16 and bf16 at 128, 512 and 1024 columns, on every available device, forward and
+backward; exits 0 only if every row passes.
 """
 import argparse
 
@@ -11,7 +12,7 @@ from .ops import scaled_mask_softmax
 from .reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MASKS = ("none", "additive", "causal", "causal+additive")
+MASKS = ("none", "additive", "causal", "causal+additive", "key_padding", "bias")
 ROW_LENGTHS = (128, 512, 1024)
 QUICK_ROW_LENGTHS = (128,)
 # Batch and heads per device: the CPU kernels and the float64 reference are slow on a few cores.
@@ -35,7 +36,8 @@ def backward_tolerance(dtype, scale, dy):
 
 
 def make_inputs(shape, dtype, mask_name, generator):
-    """x, the mask (None or additive 0 / -inf of x's shape and dtype), is_causal and dy; made on the CPU."""
+    """x, the mask (None; additive 0 / -inf of x's shape and dtype; bool [B,1,1,Sk], True = attend; or a bias
+    [1,H,Sq,Sk] of x's dtype), is_causal and dy; made on the CPU."""
     x = (torch.randn(shape, generator=generator, dtype=torch.float64) * X_SPREAD).to(dtype)
     dy = torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
     mask = None
@@ -44,6 +46,12 @@ def make_inputs(shape, dtype, mask_name, generator):
         # Key 0 stays visible so that no row is fully masked, even under the causal mask.
         masked[..., 0] = False
         mask = torch.zeros(shape, dtype=dtype).masked_fill(masked, float("-inf"))
+    elif mask_name == "key_padding":
+        attend = torch.rand((shape[0], 1, 1, shape[-1]), generator=generator) >= MASKED_FRACTION
+        attend[..., 0] = True
+        mask = attend
+    elif mask_name == "bias":
+        mask = torch.randn((1, *shape[1:]), generator=generator, dtype=torch.float64).to(dtype)
     return x, mask, "causal" in mask_name, dy
 
 
