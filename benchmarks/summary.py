@@ -4,7 +4,8 @@
 
 Prints the markdown table (time over the floor of ours, torch.compile and eager, per cell and pass), then the
 geometric-mean speedup over torch.compile, how many forward and backward cells are within 1.10 of the floor and how
-many at least as fast as torch.compile, and the cells above 1.10, worst first.
+many at least as fast as torch.compile, and the cells above 1.10, worst first; then the bf16 forwards that the
+peers' figures are quoted at, in copies of x, the end-to-end attention and the host cost of a call.
 """
 import json
 import math
@@ -13,6 +14,9 @@ import sys
 TABLE_HEADER = ("| B×H×Sq×Sk | dtype | mask | fwd ours | fwd compile | fwd eager | bwd ours | bwd compile "
                 "| fwd+bwd ours | fwd+bwd compile |\n|---|---|---|---|---|---|---|---|---|---|")
 TARGET = 1.10
+# The bf16 forwards at which the README quotes the peers, in units of one copy of x.
+QUOTED_FORWARDS = (((2, 16, 4096, 4096), "none"), ((1, 4, 16384, 16384), "none"), ((2, 16, 4096, 4096), "causal"),
+                   ((1, 4, 16384, 16384), "causal"), ((8, 32, 1024, 1024), "key_padding"))
 
 
 def grid_rows(rows):
@@ -63,6 +67,32 @@ def figures(rows):
     return lines
 
 
+def copies_of_x(row, key):
+    """row[key] over the time to read and write x (2 bytes an element) once at the run's copy bandwidth."""
+    copy_ms = 2 * 2 * math.prod(row["shape"]) / (row["copy_GBps"] * 1e6)
+    return row[key] / copy_ms
+
+
+def quoted_figures(rows):
+    """The lines for the README's figures beside the table: copies of x, end to end, host cost."""
+    forwards = {(tuple(row["shape"]), row["variant"]): row for row in grid_rows(rows)
+                if row["pass"] == "fwd" and row["dtype"] == "bfloat16"}
+    lines = ["bf16 forward in copies of x, ours / torch.compile:"]
+    lines += [f"  {'x'.join(map(str, shape))} {variant}: {copies_of_x(forwards[shape, variant], 'ours_ms'):.2f} / "
+              f"{copies_of_x(forwards[shape, variant], 'compile_ms'):.2f}"
+              for shape, variant in QUOTED_FORWARDS if (shape, variant) in forwards]
+    for row in rows:
+        if row.get("case") == "attention" and not row["error"]:
+            lines.append(f"attention {'x'.join(map(str, row['shape']))} {row['dtype']} {row['variant']} "
+                         f"{row['pass']}: ours {row['ours_ms']:.2f} ms, eager {row['eager_ms']:.2f} "
+                         f"({row['eager_ms'] / row['ours_ms']:.1f}x ours), torch.compile {row['compile_ms']:.2f}, "
+                         f"SDPA {row['sdpa_ms']:.2f}")
+        elif row.get("case") == "host_overhead" and not row["error"]:
+            lines.append(f"host cost of a call on {row['shape']}: ours {row['ours_ms'] * 1e3:.1f} us, "
+                         f"torch.softmax {row['softmax_ms'] * 1e3:.1f} us")
+    return lines
+
+
 def main(argv):
     if len(argv) != 1:
         print(__doc__.strip())
@@ -71,7 +101,7 @@ def main(argv):
         rows = json.load(results)
     print(markdown_table(rows))
     print()
-    print("\n".join(figures(rows)))
+    print("\n".join(figures(rows) + quoted_figures(rows)))
     return 0
 
 

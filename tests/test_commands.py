@@ -177,6 +177,22 @@ def test_summary_figures():
     assert summary.markdown_table(rows).splitlines()[-1] == expected_line
 
 
+def test_summary_quoted_figures():
+    summary = load_benchmark_script("summary")
+    # x of 2^24 bf16 elements: read and written once at 4000 GB/s, 0.016777 ms.
+    forward = {"case": "softmax", "shape": [1, 4, 2048, 2048], "dtype": "bfloat16", "variant": "none", "pass": "fwd",
+               "ours_ms": 0.0170, "compile_ms": 0.0300, "error": None, "copy_GBps": 4000.0}
+    attention = {"case": "attention", "shape": [8, 32, 1024, 1024], "dtype": "bfloat16", "variant": "causal",
+                 "pass": "fwd+bwd", "ours_ms": 1.5, "eager_ms": 4.5, "compile_ms": 1.7, "sdpa_ms": 0.47, "error": None}
+    host = {"case": "host_overhead", "shape": [1, 1, 4, 4], "ours_ms": 0.0105, "softmax_ms": 0.0067, "error": None}
+    summary.QUOTED_FORWARDS = (((1, 4, 2048, 2048), "none"), ((1, 4, 2048, 2048), "causal"))
+    lines = summary.quoted_figures([forward, attention, host])
+    assert lines[1:] == ["  1x4x2048x2048 none: 1.01 / 1.79",
+                         "attention 8x32x1024x1024 bfloat16 causal fwd+bwd: ours 1.50 ms, eager 4.50 (3.0x ours), "
+                         "torch.compile 1.70, SDPA 0.47",
+                         "host cost of a call on [1, 1, 4, 4]: ours 10.5 us, torch.softmax 6.7 us"]
+
+
 def test_plain_kernels_move_what_they_say(monkeypatch):
     """benchmarks/plain.py's kernels (sweep.py --plain), run by Triton's interpreter on the CPU, on the benchmark's
     masks, against the same arithmetic in float64: each output within an ulp of x's dtype (the interpreter truncates
