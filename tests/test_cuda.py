@@ -105,6 +105,46 @@ def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, co
     assert not y[:, queries:].any()
 
 
+# Lower-right, more queries than keys: the first Sq - Sk rows see no key. Rows that forward_staged brings into shared
+# memory (bf16 of 4096 columns, causal rows of 8 KiB; the backward's backward_staged at 16,384), and fp32 rows of
+# 8192 columns with a bool mask not in 16-byte words (the two-pass kernels).
+@pytest.mark.parametrize("dtype, cols, mask_offset", [(torch.bfloat16, 4096, None), (torch.float32, 8192, 1),
+                                                      (torch.bfloat16, 16384, None)])
+def test_lower_right_rows_that_see_no_key(dtype, cols, mask_offset):
+    queries = cols + 96
+    x = random_scores((queries, cols), dtype, "cuda").requires_grad_()
+    mask = None
+    if mask_offset is not None:
+        keep = torch.rand((cols + mask_offset,), generator=torch.Generator().manual_seed(3)) > 0.3
+        keep[mask_offset] = True
+        mask = keep.to("cuda")[mask_offset:]
+    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
+    y = assert_forward_backward_match(x, mask, 0.5, is_causal=True, causal_variant="lower_right")
+    assert not y[:queries - cols].any() and not x.grad[:queries - cols].any()
+
+
+# Upper-left rows narrowed to the columns they see, taken by forward_staged (bf16, 4096 of 16,384 columns) and by the
+# two-pass kernel (fp32, 8192 of 32,768), a few of them NaN or +inf where they see: NaN at every column, the zeros
+# past the narrowed columns included, as the float64 reference is; the other rows untouched by them.
+@pytest.mark.parametrize("dtype, queries, cols", [(torch.bfloat16, 4096, 16384), (torch.float32, 8192, 32768)])
+def test_narrowed_rows_that_saw_nan_are_nan_everywhere(dtype, queries, cols):
+    x = random_scores((queries, cols), dtype, "cpu")
+    nan_rows = [3, queries // 2, queries - 1]
+    x[3, 2] = float("nan")
+    x[queries // 2, 0] = float("inf")
+    x[queries - 1, queries - 5] = float("nan")
+    x = x.to("cuda").requires_grad_()
+    y = sms.scaled_mask_softmax(x, None, 0.5, True)
+    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, "upper_left", dy)
+    others = [row for row in range(queries) if row not in nan_rows]
+    assert y[nan_rows].isnan().all() and not y[others].isnan().any()
+    assert_close_to(y[others], y_ref[others], dtype)
+    assert torch.equal(x.grad.isnan().cpu(), dx_ref.isnan().cpu())
+    assert_close_to(x.grad[others], dx_ref[others], dtype, scale=4)
+
+
 def assert_matches_reference_with(x, mask_form, scale):
     """x's forward and backward against the float64 reference, with `mask_form`: none; a bool key-padding mask over
     the batch, the second batch all masked; an fp32 bias over all but the batch; or causal rows that see the keys of
@@ -307,11 +347,14 @@ def test_staged_rows_on_two_gpus():
 
 
 # (1, 4, 262144): four queries see so few keys of rows so long that the kernels take only their first 64 columns,
-# the rest zeroed apart. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows from a counter
-# zeroed before each launch: forward_staged's (4, 64, 4096), backward_staged's (2, 8, 16384).
-@pytest.mark.parametrize("shape, with_mask", [((8, 16, 128), True), ((1, 4, 262144), True), ((4, 64, 4096), False),
-                                              ((2, 8, 16384), False)])
-def test_cuda_graph_capture_and_replay(shape, with_mask):
+# the rest zeroed apart. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows
+# from a counter zeroed before each launch: forward_staged's (4, 64, 4096), backward_staged's (2, 8, 16384); and
+# rows without a causal limit drawn by clusters of two blocks (2, 400, 65536). Replayed three times, with new scores
+# each time: a counter zeroed only once would leave the later replays' rows undrawn.
+@pytest.mark.parametrize("shape, with_mask, is_causal", [((8, 16, 128), True, True), ((1, 4, 262144), True, True),
+                                                         ((4, 64, 4096), False, True), ((2, 8, 16384), False, True),
+                                                         ((2, 400, 65536), False, False)])
+def test_cuda_graph_capture_and_replay(shape, with_mask, is_causal):
     x = random_scores(shape, torch.bfloat16, "cuda").requires_grad_()
     mask = torch.zeros(shape[-2:], dtype=torch.bfloat16, device="cuda") if with_mask else None
     dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=2)
@@ -320,19 +363,20 @@ def test_cuda_graph_capture_and_replay(shape, with_mask):
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm up outside the graph, as CUDA graph capture requires
             x.grad = None
-            sms.scaled_mask_softmax(x, mask, 0.5, True).backward(dy)
+            sms.scaled_mask_softmax(x, mask, 0.5, is_causal).backward(dy)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     x.grad = None
     with torch.cuda.graph(graph):
-        y = sms.scaled_mask_softmax(x, mask, 0.5, True)
+        y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal)
         y.backward(dy)
-    with torch.no_grad():
-        x.copy_(random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=3))
-    graph.replay()
-    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, True, "upper_left", dy)
-    assert_close_to(y, y_ref, torch.bfloat16)
-    assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+    for seed in (3, 4, 5):
+        with torch.no_grad():
+            x.copy_(random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=seed))
+        graph.replay()
+        y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, is_causal, "upper_left", dy)
+        assert_close_to(y, y_ref, torch.bfloat16)
+        assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
 
 
 # Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
