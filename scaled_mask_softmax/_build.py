@@ -57,14 +57,9 @@ def _load_installed_cuda_kernels():
         return _not_loaded(error)
 
 
-_cuda_ready = False
-
-
-def ensure_cuda_kernels() -> None:
-    """Makes sure the CUDA kernels are registered, building them on first use if they were not installed."""
+def load_cuda_kernels() -> None:
+    """Registers the CUDA kernels, building them just in time if they were not installed."""
     global _cuda_ready
-    if _cuda_ready:
-        return
     if not _has_kernel("CUDA"):
         why = _load_installed_cuda_kernels()
         if why is not None:
@@ -73,9 +68,16 @@ def ensure_cuda_kernels() -> None:
     _cuda_ready = True
 
 
+def ensure_cuda_kernels() -> None:
+    """load_cuda_kernels on first use. Not while torch.compile traces: the dispatcher's answers cannot be traced
+    (fullgraph=True would refuse the call); the fake kernels, which run for real as it traces, load them then."""
+    if not (_cuda_ready or torch.compiler.is_compiling()):
+        load_cuda_kernels()
+
+
 def cuda_kernels_installed() -> bool:
     return _has_kernel("CUDA") or _load_installed_cuda_kernels() is None
 
 
 CPU_KERNELS = load_cpu_kernels()
-_load_installed_cuda_kernels()
+_cuda_ready = _load_installed_cuda_kernels() is None

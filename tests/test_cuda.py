@@ -1,9 +1,12 @@
 """What only a GPU shows: streams, devices, CUDA graphs, very long rows, determinism."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import scaled_mask_softmax as sms
-from conftest import assert_close_to, random_scores, reference_forward_backward
+from conftest import assert_close_to, environment_importing_this_package, random_scores, reference_forward_backward
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -415,6 +418,19 @@ def test_bitwise_deterministic(cols):
         on_stream_dx = torch.ops.scaled_mask_softmax.backward(first, dy, 0.5)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(on_stream, first) and torch.equal(on_stream_dx, first_dx)
+
+
+def test_first_call_of_a_process_compiled_with_fullgraph():
+    """In a process of its own, so that no eager call has loaded the CUDA kernels first."""
+    script = """
+import torch
+import scaled_mask_softmax as sms
+x = torch.randn(2, 4, 256, 256, device="cuda", dtype=torch.bfloat16)
+y = torch.compile(lambda x: sms.scaled_mask_softmax(x, None, 0.125, True), fullgraph=True)(x)
+expected = sms.scaled_mask_softmax_reference(x.double(), None, 0.125, True)
+torch.testing.assert_close(y.double(), expected, atol=8e-3, rtol=1.6e-2)
+"""
+    subprocess.run([sys.executable, "-c", script], env=environment_importing_this_package(), check=True, timeout=600)
 
 
 def test_torch_compile_on_cuda_matches_eager():

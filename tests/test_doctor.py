@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from scaled_mask_softmax import _build, _toolkit, doctor
 from scaled_mask_softmax.doctor import Finding, Target
@@ -367,3 +369,18 @@ def test_a_library_that_does_not_load_says_why_it_is_rebuilt():
     assert _build._not_loaded(ModuleNotFoundError("No module named 'scaled_mask_softmax._C'")) == "are not installed"
     broken = ImportError("_C.so: undefined symbol: __kmpc_fork_call")
     assert _build._not_loaded(broken) == "did not load (_C.so: undefined symbol: __kmpc_fork_call)"
+
+
+def test_kernels_are_loaded_outside_what_torch_compile_traces(monkeypatch):
+    """A process's first GPU call may be compiled with fullgraph=True: checking the dispatcher for the CUDA kernels
+    cannot be traced, so tracing skips it, and the fake kernels (which run for real while tracing) load them."""
+    loads = []
+    monkeypatch.setattr(_build, "_cuda_ready", False)
+    monkeypatch.setattr(_build, "load_cuda_kernels", lambda: loads.append("loaded"))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: (_build.ensure_cuda_kernels(), x + 1)[1], fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.zeros(3)), torch.ones(3)) and not loads
+    with FakeTensorMode():
+        torch.ops.scaled_mask_softmax.forward(torch.empty(2, 3, device="cuda"), None, 1.0, False, "upper_left")
+        torch.ops.scaled_mask_softmax.backward(torch.empty(2, 3, device="cuda"), torch.empty(2, 3, device="cuda"), 1.0)
+    assert loads == ["loaded", "loaded"]
