@@ -37,7 +37,9 @@ from torch.utils import cpp_extension  # noqa: E402
 def want_cuda():
     if os.environ.get("SCALED_MASK_SOFTMAX_CPU_ONLY") == "1":
         return False
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    # torch takes /usr/local/cuda for the toolkit wherever it exists, nvcc or not (a runtime-only image).
+    return (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+            and (Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc").exists())
 
 
 def cuda_arch_list():
@@ -51,8 +53,8 @@ def cuda_arch_list():
     return ";".join(f"{major}.{minor}" for major, minor in capabilities) + "+PTX"
 
 
-def write_build_info(with_cuda):
-    """Records how the kernels are built, for `python -m scaled_mask_softmax doctor`."""
+def write_build_info(with_cuda, folder):
+    """Records how the kernels were built in `folder`/_build_info.json, for `python -m scaled_mask_softmax doctor`."""
     nvcc_version = toolkit.nvcc_version(str(Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc")) if with_cuda else None
     info = {
         "cuda": with_cuda,
@@ -62,7 +64,7 @@ def write_build_info(with_cuda):
         "fast_math": with_cuda and "--use_fast_math" in toolkit.cuda_flags(),
         "torch_version": torch.__version__,
     }
-    (ROOT / PACKAGE / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    (folder / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 # Asked once: cxx_flags() runs the compiler to see whether it takes -fopenmp for torch's OpenMP runtime.
@@ -84,9 +86,24 @@ if with_cuda:
         extra_compile_args={"cxx": cxx_flags, "nvcc": toolkit.cuda_flags()}))
 else:
     print("scaled_mask_softmax: building the CPU kernels only (no CUDA build of torch, or no nvcc found)")
-write_build_info(with_cuda)
+
+
+class BuildRecorded(cpp_extension.BuildExtension):
+    """The build, recorded once it succeeded (a failed one leaves the record of the libraries in place): in the
+    source tree, and where a wheel's build put the package's files already (build_py runs before build_ext)."""
+
+    def run(self):
+        super().run()
+        if not with_cuda and (self.inplace or getattr(self, "editable_mode", False)):
+            # A CUDA library an earlier build left in the tree would still load.
+            for stale in (ROOT / PACKAGE).glob("_C_cuda*"):
+                stale.unlink()
+        write_build_info(with_cuda, ROOT / PACKAGE)
+        if not self.inplace and Path(self.build_lib, PACKAGE).is_dir():
+            write_build_info(with_cuda, Path(self.build_lib, PACKAGE))
+
 
 setup(
     ext_modules=extensions,
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildRecorded},
 )

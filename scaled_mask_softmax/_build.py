@@ -20,15 +20,19 @@ def _build_just_in_time(name: str, sources, with_cuda: bool, why: str) -> None:
 
     cuda_home = _toolkit.default_cuda_home()
     if with_cuda and cuda_home is not None:
-        # torch reads CUDA_HOME when cpp_extension is first imported; a wrapper nvcc would mislead it.
+        # torch reads CUDA_HOME when cpp_extension is first imported (a wrapper nvcc would mislead it), which may
+        # have been before this call (torch.compile's C++ builder imports it): its module's own value is set too.
         os.environ.setdefault("CUDA_HOME", str(cuda_home))
     from torch.utils import cpp_extension
+
+    if with_cuda and cuda_home is not None:
+        cpp_extension.CUDA_HOME = str(cuda_home)
 
     print(f"scaled_mask_softmax: the {'CUDA' if with_cuda else 'CPU'} kernels {why}; building them just in time "
           "(once, cached under torch's extensions folder)", file=sys.stderr)
     cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=_toolkit.cxx_flags(),
                        extra_cuda_cflags=_toolkit.cuda_flags() if with_cuda else None, with_cuda=with_cuda,
-                       is_python_module=False)
+                       is_python_module=False, verbose=_toolkit.ptxas_verbose())
 
 
 def _not_loaded(error: ImportError) -> str:

@@ -46,10 +46,12 @@ def nvcc_on_path(env=None):
 
 
 def default_cuda_home(env=None):
-    """CUDA_HOME if set, else the toolkit of the nvcc on PATH, else /usr/local/cuda if it exists."""
+    """The toolkit to build with, in torch's order but with a wrapper nvcc seen through: CUDA_HOME, else CUDA_PATH,
+    else the toolkit of the nvcc on PATH, else /usr/local/cuda if it holds bin/nvcc."""
     env = os.environ if env is None else env
-    if env.get("CUDA_HOME"):
-        return Path(env["CUDA_HOME"])
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(variable):
+            return Path(env[variable])
     nvcc = nvcc_on_path(env)
     root = nvcc_toolkit_root(nvcc) if nvcc is not None else None
     if root is not None:
@@ -98,6 +100,12 @@ def cuda_flags():
     flags = ["-O3", "--expt-relaxed-constexpr"]
     if os.environ.get("SCALED_MASK_SOFTMAX_FAST_MATH") == "1":
         flags.append("--use_fast_math")
-    if os.environ.get("SCALED_MASK_SOFTMAX_PTXAS_VERBOSE") == "1":
+    if ptxas_verbose():
         flags.append("-Xptxas=-v")
     return flags
+
+
+def ptxas_verbose() -> bool:
+    """Whether the build prints each kernel's registers, shared memory and spills (the just-in-time build shows its
+    compiler's output then, which it hides otherwise)."""
+    return os.environ.get("SCALED_MASK_SOFTMAX_PTXAS_VERBOSE") == "1"
