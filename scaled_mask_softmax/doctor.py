@@ -9,6 +9,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -125,8 +126,8 @@ def check_nvcc_on_path(nvcc: Optional[Nvcc], torch_cuda: Optional[str]) -> list:
     release = f"release {version_text(nvcc.version)}" if nvcc.version else "version unknown"
     if nvcc.is_wrapper:
         findings = [Finding("warn", f"nvcc on PATH, {nvcc.path}, is a wrapper for the toolkit at {nvcc.root} "
-                                    f"({release}): without CUDA_HOME, torch takes {nvcc.path.parent.parent} "
-                                    "for the toolkit")]
+                                    f"({release}): without CUDA_HOME or CUDA_PATH, torch takes "
+                                    f"{nvcc.path.parent.parent} for the toolkit")]
     else:
         findings = [Finding("ok", f"nvcc on PATH: {nvcc.path} ({release}, toolkit {nvcc.root})")]
     mismatch = check_major("the nvcc on PATH", nvcc.version, torch_cuda)
@@ -146,20 +147,17 @@ def torch_cuda_home_guess(env) -> Optional[Path]:
 
 def check_cuda_home(env, path_nvcc: Optional[Nvcc], torch_cuda: Optional[str]) -> list:
     real_root = path_nvcc.root if path_nvcc else None
-    export_fix = f"export CUDA_HOME={real_root}" if real_root else "export CUDA_HOME=<the CUDA toolkit's root>"
+    torch_version = parse_version(torch_cuda)
+    if real_root is not None and (torch_version is None or path_nvcc.version is None
+                                  or path_nvcc.version[0] == torch_version[0]):
+        export_fix = f"export CUDA_HOME={real_root}"
+    elif torch_version is not None:
+        export_fix = f"export CUDA_HOME=<a CUDA {torch_version[0]}.x toolkit's root>"
+    else:
+        export_fix = "export CUDA_HOME=<the CUDA toolkit's root>"
     cuda_home = env.get("CUDA_HOME")
     if not cuda_home:
-        guess = torch_cuda_home_guess(env)
-        if guess is None:
-            if torch_cuda is None:
-                return [Finding("info", "CUDA_HOME is unset and no toolkit is found (none needed: CPU-only torch)")]
-            return [Finding("warn", "CUDA_HOME is unset and no CUDA toolkit is found: the CUDA kernels cannot be "
-                                    "built", f"install a CUDA {torch_cuda} toolkit and export CUDA_HOME=<its root>")]
-        if real_root is not None and guess.resolve() != real_root:
-            return [Finding("warn", f"CUDA_HOME is unset: torch would guess {guess} (from {path_nvcc.path}), which "
-                                    f"is not the toolkit; this package's build sees through to {real_root}, "
-                                    "other extensions will not", export_fix)]
-        return [Finding("ok", f"CUDA_HOME is unset: torch takes {guess}")]
+        return check_unset_cuda_home(env, path_nvcc, torch_cuda, export_fix)
 
     home_nvcc = describe_nvcc(Path(cuda_home) / "bin" / "nvcc")
     if home_nvcc is None:
@@ -179,6 +177,34 @@ def check_cuda_home(env, path_nvcc: Optional[Nvcc], torch_cuda: Optional[str]) -
                                         "different toolkits: builds use CUDA_HOME's, commands typed by hand PATH's",
                                 "export PATH=$CUDA_HOME/bin:$PATH"))
     return findings
+
+
+def check_unset_cuda_home(env, path_nvcc: Optional[Nvcc], torch_cuda: Optional[str], export_fix: str) -> list:
+    """The toolkit this package's build takes without CUDA_HOME (_toolkit.default_cuda_home), against torch's own
+    guess, which other extensions take."""
+    build_home = _toolkit.default_cuda_home(env)
+    guess = torch_cuda_home_guess(env)
+    if build_home is None:
+        if guess is not None:
+            return [Finding("warn", f"CUDA_HOME is unset, and torch would take {guess}, which has no bin/nvcc: this "
+                                    "package builds its CPU kernels only, and other extensions fail", export_fix)]
+        if torch_cuda is None:
+            return [Finding("info", "CUDA_HOME is unset and no toolkit is found (none needed: CPU-only torch)")]
+        return [Finding("warn", "CUDA_HOME is unset and no CUDA toolkit is found: the CUDA kernels cannot be "
+                                "built", export_fix)]
+    toolkit = describe_nvcc(build_home / "bin" / "nvcc")
+    if toolkit is None:
+        return [Finding("warn", f"CUDA_HOME is unset, and CUDA_PATH={build_home} has no bin/nvcc: a build of the "
+                                "CUDA kernels fails", export_fix)]
+    release = f"release {version_text(toolkit.version)}" if toolkit.version else "version unknown"
+    if guess is not None and guess.resolve() != build_home.resolve():
+        findings = [Finding("warn", f"CUDA_HOME is unset: torch would guess {guess} (from {path_nvcc.path}), which "
+                                    f"is not the toolkit; this package's build sees through to {build_home} "
+                                    f"({release}), other extensions will not", export_fix)]
+    else:
+        findings = [Finding("ok", f"CUDA_HOME is unset: the build takes {build_home} ({release})")]
+    mismatch = check_major(f"the toolkit at {build_home}", toolkit.version, torch_cuda)
+    return findings + ([mismatch] if mismatch else [])
 
 
 def check_ld_library_path(env, torch_cuda: Optional[str]) -> list:
@@ -235,17 +261,36 @@ def check_wsl(proc_version: str, wsl_folder_exists: bool, driver, toolkit) -> li
 # architectures ----------------------------------------------------------------------------------------------
 
 def parse_arch_list(value: str) -> set:
-    """TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX", "9.0a 10.0") as targets; named entries ("Hopper") are skipped."""
-    targets = set()
-    for entry in re.split(r"[;\s]+", value.strip()):
-        match = re.fullmatch(r"(\d+)\.(\d)([af]?)(\+PTX)?", entry, re.IGNORECASE)
-        if match is None:
-            continue
-        capability, suffix = (int(match.group(1)), int(match.group(2))), match.group(3).lower()
-        targets.add(Target("sass", capability, suffix))
-        if match.group(4):
-            targets.add(Target("ptx", capability, suffix))
-    return targets
+    """The targets torch's build makes of TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX", "9.0a 10.0", "Hopper"), read from
+    the -gencode flags of torch's own parser; its ValueError where it refuses the value ("sm_90", "9.0+ptx")."""
+    # Imported first here, cpp_extension would log its own guess of the toolkit (which check_cuda_home reports).
+    cpp_extension_log = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_extension_log.level
+    cpp_extension_log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        cpp_extension_log.setLevel(level)
+    saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = value
+    try:
+        flags = " ".join(cpp_extension._get_cuda_arch_flags())
+    finally:
+        if saved is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+    return {Target("sass" if kind == "sm" else "ptx", (int(number) // 10, int(number) % 10), suffix)
+            for kind, number, suffix in re.findall(r"code=(sm|compute)_(\d+)([af]?)", flags)}
+
+
+def arch_list_refusal(value: str) -> Optional[str]:
+    """Why torch's build refuses TORCH_CUDA_ARCH_LIST, or None."""
+    try:
+        parse_arch_list(value)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def parse_cuobjdump(elf_listing: Optional[str], ptx_listing: Optional[str]) -> set:
@@ -291,6 +336,22 @@ def check_arch_list(gpu: str, capability, arch_list: Optional[str]) -> Finding:
                                "PTX, compiled by the driver at first use", fix)
     return Finding("warn", f"TORCH_CUDA_ARCH_LIST={arch_list} lacks {gpu} ({sm(capability)}): kernels built with it "
                            "cannot run there", fix)
+
+
+def check_arch_list_build(arch_list: str, refusal: Optional[str], nvcc_version, archs: Optional[set]) -> Finding:
+    """TORCH_CUDA_ARCH_LIST against torch's parser and the build toolkit's targets, whatever GPU is present."""
+    if refusal is not None:
+        return Finding("warn", f"TORCH_CUDA_ARCH_LIST={arch_list}: torch's build refuses it ({refusal})",
+                       'list entries such as "9.0", "9.0a" or "10.0+PTX", separated by ";" or spaces, or unset it')
+    capabilities = {target.capability for target in parse_arch_list(arch_list)}
+    if nvcc_version is None or archs is None:
+        return Finding("ok", f"TORCH_CUDA_ARCH_LIST={arch_list}: torch's build takes it")
+    beyond = sorted(capabilities - archs)
+    if not beyond:
+        return Finding("ok", f"TORCH_CUDA_ARCH_LIST={arch_list}: nvcc {version_text(nvcc_version)} targets each entry")
+    return Finding("warn", f"TORCH_CUDA_ARCH_LIST={arch_list}: nvcc {version_text(nvcc_version)} cannot target "
+                           f"{', '.join(map(sm, beyond))}; a build fails with 'Unsupported gpu architecture'",
+                   "drop them from TORCH_CUDA_ARCH_LIST, or build with a CUDA toolkit that targets them")
 
 
 def toolkit_archs(list_gpu_arch_output: Optional[str]) -> Optional[set]:
@@ -491,15 +552,20 @@ def diagnose(env, run=run_command):
     gpus = ([(f"cuda:{i} {torch.cuda.get_device_name(i)}", torch.cuda.get_device_capability(i))
              for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [])
     if torch_cuda is not None and not gpus:
-        yield Finding("info", "no CUDA device visible: the GPU architecture checks are skipped")
+        yield Finding("info", "no CUDA device visible: the checks against a GPU's architecture are skipped")
     archs = toolkit_archs(run([str(build_nvcc.path), "--list-gpu-arch"])) if build_nvcc else None
     cuobjdump = find_tool("cuobjdump", env, [cuda_home / "bin"] if cuda_home else [])
     targets, source = installed_targets(extension, cuobjdump, build_info, run) if extension else (None, "")
     if extension and not gpus:
         held = ", ".join(sorted(map(str, targets))) if targets is not None else "unknown architectures"
         yield Finding("info", f"the installed CUDA kernels hold {held} ({source})")
+    arch_list = env.get("TORCH_CUDA_ARCH_LIST")
+    refusal = arch_list_refusal(arch_list) if arch_list else None
+    if torch_cuda is not None and arch_list:
+        yield check_arch_list_build(arch_list, refusal, build_nvcc.version if build_nvcc else None, archs)
     for gpu, capability in gpus:
-        yield check_arch_list(gpu, capability, env.get("TORCH_CUDA_ARCH_LIST"))
+        if refusal is None:
+            yield check_arch_list(gpu, capability, arch_list)
         targets_finding = check_toolkit_targets(gpu, capability, build_nvcc.version if build_nvcc else None, archs)
         if targets_finding:
             yield targets_finding

@@ -117,6 +117,31 @@ def test_cuda_home_unset_with_a_symlinked_nvcc_outside_the_toolkit(tmp_path):
     assert finding.status == "warn" and finding.fix == f"export CUDA_HOME={toolkit.resolve()}"
 
 
+def test_cuda_path_is_taken_after_cuda_home_as_torch_takes_it(tmp_path):
+    toolkit = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    wrapper = fake_wrapper(tmp_path / "usr" / "bin", fake_toolkit(tmp_path / "cuda-12.4", "12.4"))
+    env = {"PATH": str(wrapper.parent), "CUDA_PATH": str(toolkit)}
+    assert _toolkit.default_cuda_home(env) == toolkit
+    assert _toolkit.default_cuda_home({**env, "CUDA_HOME": str(tmp_path / "other")}) == tmp_path / "other"
+    assert statuses(doctor.check_cuda_home(env, nvcc_on_path(env), TORCH_CUDA)) == ["ok"]
+
+
+def test_cuda_home_unset_and_cuda_path_of_another_major_or_without_nvcc(tmp_path):
+    env = {"PATH": "", "CUDA_PATH": str(fake_toolkit(tmp_path / "cuda-12.4", "12.4"))}
+    findings = doctor.check_cuda_home(env, None, TORCH_CUDA)
+    assert statuses(findings) == ["ok", "warn"] and "CUDA 12.4" in findings[1].message
+    env["CUDA_PATH"] = str(tmp_path / "runtime-only")
+    [finding] = doctor.check_cuda_home(env, None, TORCH_CUDA)
+    assert finding.status == "warn" and "has no bin/nvcc" in finding.message
+
+
+def test_no_fix_points_at_a_toolkit_of_another_major(tmp_path):
+    old = fake_wrapper(tmp_path / "usr" / "bin", fake_toolkit(tmp_path / "cuda-12.4", "12.4"))
+    env = {"PATH": str(old.parent), "CUDA_HOME": str(tmp_path / "missing")}
+    [finding] = doctor.check_cuda_home(env, nvcc_on_path(env), TORCH_CUDA)
+    assert finding.fix == "export CUDA_HOME=<a CUDA 13.x toolkit's root>"
+
+
 def test_cuda_home_at_the_wrappers_folder_is_not_a_toolkit_root(tmp_path):
     toolkit = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
     wrapper = fake_wrapper(tmp_path / "usr" / "bin", toolkit)
@@ -193,7 +218,21 @@ def test_parse_arch_list():
     assert doctor.parse_arch_list("8.0;9.0+PTX") == {Target("sass", (8, 0)), Target("sass", (9, 0)),
                                                      Target("ptx", (9, 0))}
     assert doctor.parse_arch_list("9.0a 10.0") == {Target("sass", (9, 0), "a"), Target("sass", (10, 0))}
-    assert doctor.parse_arch_list("Hopper") == set()
+    assert doctor.parse_arch_list("Hopper") == {Target("sass", (9, 0)), Target("ptx", (9, 0))}
+
+
+@pytest.mark.parametrize("arch_list", ["sm_90", "9.0+ptx", "8.0,9.0", "10.0f"])
+def test_arch_list_that_torch_refuses(arch_list):
+    refusal = doctor.arch_list_refusal(arch_list)
+    assert refusal is not None and arch_list in refusal
+    finding = doctor.check_arch_list_build(arch_list, refusal, (13, 0), {(9, 0), (10, 0)})
+    assert finding.status == "warn" and "torch's build refuses it" in finding.message
+
+
+def test_arch_list_entries_the_toolkit_cannot_target():
+    finding = doctor.check_arch_list_build("9.0;10.0;12.0+PTX", None, (12, 4), {(8, 0), (9, 0)})
+    assert finding.status == "warn" and "nvcc 12.4 cannot target sm_100, sm_120" in finding.message
+    assert doctor.check_arch_list_build("9.0;10.0", None, (13, 0), {(9, 0), (10, 0)}).status == "ok"
 
 
 @pytest.mark.parametrize("arch_list,capability,status", [
