@@ -46,15 +46,35 @@ def geometric_mean_speedup(rows):
     return math.exp(sum(math.log(row["compile_ms"] / row["ours_ms"]) for row in rows) / len(rows))
 
 
+def sees_a_quarter_at_most(row):
+    """Causal (upper-left) rows that see at most a quarter of their keys: ours reads only those, the peers all."""
+    queries, keys = row["shape"][-2:]
+    return row["variant"] == "causal" and 4 * queries <= keys
+
+
+def compile_capped(row, passes):
+    """A forward+backward row with torch.compile's time at most its forward's plus its backward's: where its calls'
+    host time exceeds their GPU time (short rows), timing the two passes as one counts that host time too."""
+    forward, backward = (passes[tuple(row["shape"]), row["dtype"], row["variant"], name] for name in ("fwd", "bwd"))
+    return dict(row, compile_ms=min(row["compile_ms"], forward["compile_ms"] + backward["compile_ms"]))
+
+
 def figures(rows):
     """The lines of the summary under the table."""
     rows = grid_rows(rows)
     single = [row for row in rows if row["pass"] in ("fwd", "bwd")]
+    both = [row for row in rows if row["pass"] == "fwd+bwd"]
+    passes = {(tuple(row["shape"]), row["dtype"], row["variant"], row["pass"]): row for row in rows}
     behind = [row for row in single if row["compile_ms"] < row["ours_ms"]]
     over = sorted((row for row in single if over_floor(row) > TARGET), key=over_floor, reverse=True)
+    usual = [row for row in single if not sees_a_quarter_at_most(row)]
     lines = [f"copy ceiling {rows[0]['copy_GBps']:.0f} GB/s",
              f"geometric-mean speedup over torch.compile: {geometric_mean_speedup(single):.3f} over {len(single)} "
-             f"forward and backward cells, {geometric_mean_speedup(rows):.3f} with forward+backward",
+             f"forward and backward cells, {geometric_mean_speedup(usual):.3f} over the {len(usual)} whose causal rows "
+             "see more than a quarter of their keys",
+             f"  over the {len(both)} forward+backward cells: {geometric_mean_speedup(both):.3f}, "
+             f"{geometric_mean_speedup([compile_capped(row, passes) for row in both]):.3f} with torch.compile's "
+             "time at most its forward's plus its backward's",
              f"within {TARGET:.2f} of the floor: {len(single) - len(over)} of {len(single)}",
              f"at least as fast as torch.compile: {len(single) - len(behind)} of {len(single)}"]
     if behind:
