@@ -126,9 +126,9 @@ def test_lower_right_rows_that_see_no_key(dtype, cols, mask_offset):
     assert not y[:queries - cols].any() and not x.grad[:queries - cols].any()
 
 
-# Upper-left rows narrowed to the columns they see, taken by forward_staged (bf16, 4096 of 16,384 columns) and by the
-# two-pass kernel (fp32, 8192 of 32,768), a few of them NaN or +inf where they see: NaN at every column, the zeros
-# past the narrowed columns included, as the float64 reference is; the other rows untouched by them.
+# Upper-left rows narrowed to the columns they see (bf16, 4096 of 16,384 columns; fp32, 8192 of 32,768), long enough
+# for the kernels of long causal rows rather than the group kernel, a few of them NaN or +inf where they see: NaN at
+# every column, the zeros past the narrowed columns included, as the float64 reference is; the other rows untouched.
 @pytest.mark.parametrize("dtype, queries, cols", [(torch.bfloat16, 4096, 16384), (torch.float32, 8192, 32768)])
 def test_narrowed_rows_that_saw_nan_are_nan_everywhere(dtype, queries, cols):
     x = random_scores((queries, cols), dtype, "cpu")
