@@ -39,7 +39,7 @@ def want_cuda():
         return False
     # torch takes /usr/local/cuda for the toolkit wherever it exists, nvcc or not (a runtime-only image).
     return (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-            and (Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc").exists())
+            and any((Path(cpp_extension.CUDA_HOME) / "bin" / nvcc).exists() for nvcc in ("nvcc", "nvcc.exe")))
 
 
 def cuda_arch_list():
