@@ -176,6 +176,16 @@ def test_attention_forward_rejects_inputs_it_would_ignore():
     q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
     with pytest.raises(NotImplementedError, match="softcap, s_aux"):
         integration.attention_forward(torch.nn.Module(), q, k, v, None, softcap=30.0, s_aux=torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="indices"):  # sparse attention's chosen keys
+        integration.attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(1, 3, 2))
+
+
+def test_check_refuses_models_that_compute_attention_themselves():
+    llama = small_llama("cpu", torch.float32)
+    assert integration.check(llama) is llama
+    bloom = transformers.BloomForCausalLM(transformers.BloomConfig(n_layer=1, hidden_size=8, n_head=2, vocab_size=16))
+    with pytest.raises(NotImplementedError, match="BloomForCausalLM computes attention itself"):
+        integration.check(bloom)
 
 
 # Eager runs its softmax in float32 whatever the model's dtype, which bounds the float64 agreement; and float64 is

@@ -1,7 +1,7 @@
 """Hugging Face transformers models with their attention softmax run by the fused operator.
 
-    from scaled_mask_softmax.integrations.transformers import register
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register())
+    from scaled_mask_softmax.integrations.transformers import check, register
+    model = check(AutoModelForCausalLM.from_pretrained(path, attn_implementation=register()))
 
 transformers is imported only when `register` is called, so the package does not depend on it.
 """
@@ -9,8 +9,9 @@ import torch
 
 from ..attention import attention_probabilities, repeat_heads
 
-# Inputs some models pass that change the scores beyond scale and mask; ignoring them would be silently wrong.
-UNSUPPORTED_INPUTS = ("softcap", "s_aux", "position_bias")
+# Inputs some models pass that change the scores beyond scale and mask (or, for sparse attention, which keys a query
+# sees); ignoring them would be silently wrong.
+UNSUPPORTED_INPUTS = ("softcap", "s_aux", "position_bias", "indices", "block_indices")
 
 
 def boolean_mask(q_length, kv_length, allow_is_causal_skip=True, **kwargs):
@@ -47,6 +48,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         probabilities = torch.nn.functional.dropout(probabilities, p=dropout)
     output = probabilities @ repeat_heads(value, query.shape[1])
     return output.transpose(1, 2).contiguous(), probabilities
+
+
+def check(model):
+    """`model`, where it computes attention through transformers' attention interface; else NotImplementedError.
+    transformers takes register()'s name for any model, and one that computes attention itself (Bloom, CodeGen, MPT,
+    ...) would build its masks with this package's mask function, bool where it adds them to its scores."""
+    if not type(model).is_backend_compatible():
+        raise NotImplementedError(f"{type(model).__name__} computes attention itself, not through transformers' "
+                                  "attention interface, so the scaled_mask_softmax attention cannot run it")
+    return model
 
 
 def register(name="scaled_mask_softmax"):
