@@ -30,6 +30,32 @@ def assert_close_to(actual, expected, dtype, scale=1.0):
                                atol=atol * scale, rtol=rtol, equal_nan=True)
 
 
+# Half an ulp of 1: a 16-bit result's rounding, which bounds its error where fp32 accumulation makes the rest small.
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+ROUNDINGS = 4
+
+
+def assert_16_bit_softmax_close(y, dx, y_ref, dx_ref, dy, dtype, scale):
+    """16-bit y and dx against the float64 reference, element by element, in units of what their roundings can
+    move them: y_i by its own rounding, dx_i = scale * y_i * (dy_i - sum(dy * y)) by y's and its own, so within
+    u * |scale| * y_i * (|dy_i| + sum(y |dy|)). A fixed atol would let a long row's probabilities (about 1/n) and
+    gradients be anything; a bound in units of |dx| would fail gradients that cancel."""
+    u = ROUNDINGS * UNIT_ROUNDOFF[dtype]
+    # Subnormal results round in steps of the smallest subnormal (fp16's probabilities below 6.1e-5, which dx then
+    # reads), and below fp32's normal range they come out 0 (README).
+    step = torch.finfo(dtype).tiny * torch.finfo(dtype).eps
+    smallest = max(ROUNDINGS * step, 1.2e-38)
+    y, dx, y_ref, dx_ref, dy = (t.detach().cpu().double() for t in (y, dx, y_ref, dx_ref, dy))
+    torch.testing.assert_close(y, y_ref, atol=smallest, rtol=u, equal_nan=True)
+    y_read = y_ref + step / UNIT_ROUNDOFF[dtype]  # y as dx reads it: rounded, subnormal steps included
+    magnitude = y_read * (dy.abs() + (y_read * dy.abs()).sum(-1, keepdim=True))
+    assert torch.equal(dx.isnan(), dx_ref.isnan()), "dx is NaN elsewhere than the reference's"
+    error = (dx - dx_ref).abs().nan_to_num(0.0)
+    bound = u * abs(scale) * magnitude.nan_to_num(0.0) + smallest
+    worst = (error / bound).max().item() if error.numel() else 0.0
+    assert worst <= 1, f"dx off by {worst:.2f} times its bound, {u} * |scale| * y * (|dy| + sum(y |dy|))"
+
+
 def reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy):
     """float64 reference output and gradients (x, and the mask when floating) on the CPU."""
     x64 = x.detach().cpu().double().requires_grad_()

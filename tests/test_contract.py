@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import scaled_mask_softmax as sms
-from conftest import (DEVICES, assert_close_to, environment_importing_this_package, random_scores,
-                      reference_forward_backward)
+from conftest import (DEVICES, UNIT_ROUNDOFF, assert_16_bit_softmax_close, assert_close_to,
+                      environment_importing_this_package, random_scores, reference_forward_backward)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -37,6 +37,8 @@ def run(x, mask=None, scale=1.0, is_causal=False, causal_variant="upper_left", d
     y.backward(dy)
     y_ref, dx_ref, dmask_ref = reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy)
     assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    if x.dtype in UNIT_ROUNDOFF:
+        assert_16_bit_softmax_close(y, x.grad, y_ref, dx_ref, dy, x.dtype, scale)
     assert_close_to(y, y_ref, x.dtype)
     gradient_scale = 4 * max(1.0, abs(scale))
     assert_close_to(x.grad, dx_ref, x.dtype, scale=gradient_scale)
@@ -175,6 +177,25 @@ def test_fully_masked_rows_give_zeros_and_zero_gradient(device, dtype, cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_scores_at_the_edges_of_fp32(device):
+    """As the README says: a probability below fp32's normal range is 0; a score that overflows fp32 downwards counts
+    as masked, one that overflows upwards makes its row NaN; NaN under a False bool mask still makes its row NaN; an
+    fp32 bias under bf16 scores is not rounded to bf16."""
+    x = torch.tensor([[0.0, -90.0, 0.0], [-1e30, -2e30, -3e30], [1e30, 0.0, 0.0]], device=device)
+    y = sms.scaled_mask_softmax(x[:1])
+    assert y[0, 1] == 0 and torch.allclose(y[0, [0, 2]].cpu(), torch.tensor([0.5, 0.5]))
+    y = sms.scaled_mask_softmax(x[1:], scale=1e10)
+    assert not y[0].any() and y[1].isnan().all()
+    x = torch.tensor([[float("nan"), 1.0, 2.0], [0.0, 1.0, 2.0]], device=device)
+    y = sms.scaled_mask_softmax(x, torch.tensor([False, True, True], device=device))
+    assert y[0].isnan().all() and not y[1].isnan().any()
+    x = torch.zeros(1, 2, dtype=torch.bfloat16, device=device)
+    bias = torch.tensor([256.0, 256.5], device=device)  # 256.5 is no bf16 number
+    expected = torch.softmax(torch.tensor([0.0, 0.5], dtype=torch.float64), dim=-1)
+    assert_close_to(sms.scaled_mask_softmax(x, bias)[0], expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_finite_large_negative_mask_behaves_as_torch_softmax(device, dtype):
     x = random_scores((3, 40), dtype, device)
@@ -251,8 +272,11 @@ def test_mask_gradients(device, mask_shape):
 def test_mask_gradient_without_x_gradient(device):
     x = random_scores((2, 4, 6), torch.float32, device)
     bias = random_scores((4, 6), torch.float32, device, generator_seed=5).requires_grad_()
-    sms.scaled_mask_softmax(x, bias, 2.0).sum().backward()
-    assert bias.grad is not None and bias.grad.shape == bias.shape
+    weights = random_scores(x.shape, torch.float32, device, generator_seed=6)
+    (sms.scaled_mask_softmax(x, bias, 2.0) * weights).sum().backward()
+    bias64 = bias.detach().double().requires_grad_()
+    (sms.scaled_mask_softmax_reference(x.double(), bias64, 2.0) * weights.double()).sum().backward()
+    assert_close_to(bias.grad, bias64.grad, torch.float32, scale=4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -373,15 +397,18 @@ def test_functionalize_alone_and_with_vmap(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_vmap_takes_the_operators_batching_rules(device, recwarn):
-    # Without a batching rule vmap would run the operator once per sample, and warn.
+def test_vmap_takes_the_operators_batching_rules(device):
+    """Each op runs twice under vmap, as the profiler counts it: the call vmap sees, and the one batched call its
+    rule makes. Without a batching rule vmap would run the op once per sample (4 more)."""
     scores = random_scores((4, 2, 3, 5), torch.float32, device)
     dy = random_scores(scores.shape[1:], torch.float32, device, generator_seed=5)
-    ys = torch.func.vmap(lambda s: torch.ops.scaled_mask_softmax.forward(s, None, 0.5, True, "lower_right"))(scores)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        ys = torch.func.vmap(lambda s: torch.ops.scaled_mask_softmax.forward(s, None, 0.5, True, "lower_right"))(scores)
+        dxs = torch.func.vmap(lambda y: torch.ops.scaled_mask_softmax.backward(y, dy, 0.5, True, "lower_right"))(ys)
+    for op in ("forward", "backward"):
+        assert sum(event.name == f"scaled_mask_softmax::{op}" for event in profile.events()) == 2, op
     assert torch.equal(ys, sms.scaled_mask_softmax(scores, None, 0.5, True, "lower_right"))
-    dxs = torch.func.vmap(lambda y: torch.ops.scaled_mask_softmax.backward(y, dy, 0.5, True, "lower_right"))(ys)
     assert torch.equal(dxs, torch.ops.scaled_mask_softmax.backward(ys, dy.expand_as(ys), 0.5, True, "lower_right"))
-    assert not [w for w in recwarn if "batching rule" in str(w.message)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -522,14 +549,16 @@ def test_aot_inductor_package_calls_the_operator(tmp_path):
 def test_torch_compile_fullgraph_forward_and_backward(device):
     torch._dynamo.reset()
 
-    def attention_scores(x, mask):
-        return sms.scaled_mask_softmax(x, mask, 0.5, is_causal=True) * 2
+    def weighted(softmax, x, mask, weights):
+        return (softmax(x, mask, 0.5, is_causal=True) * weights).sum()
 
-    compiled = torch.compile(attention_scores, fullgraph=True)
     x = random_scores((2, 2, 8, 8), torch.float32, device).requires_grad_()
-    mask = torch.zeros(8, device=device)
-    compiled(x, mask).sum().backward()
-    expected = x.grad.clone()
-    x.grad = None
-    attention_scores(x, mask).sum().backward()
-    torch.testing.assert_close(x.grad, expected)
+    mask = random_scores((8,), torch.float32, device, generator_seed=4)
+    weights = random_scores(x.shape, torch.float32, device, generator_seed=5)
+    loss = torch.compile(weighted, fullgraph=True)(sms.scaled_mask_softmax, x, mask, weights)
+    loss.backward()
+    x64 = x.detach().double().requires_grad_()
+    expected = weighted(sms.scaled_mask_softmax_reference, x64, mask.double(), weights.double())
+    expected.backward()
+    assert_close_to(loss, expected, torch.float32, scale=10)
+    assert_close_to(x.grad, x64.grad, torch.float32, scale=4)
