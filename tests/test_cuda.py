@@ -6,20 +6,31 @@ import pytest
 import torch
 
 import scaled_mask_softmax as sms
-from conftest import assert_close_to, environment_importing_this_package, random_scores, reference_forward_backward
+from conftest import (UNIT_ROUNDOFF, assert_16_bit_softmax_close, assert_close_to, environment_importing_this_package,
+                      random_scores, reference_forward_backward)
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def assert_outputs_match(y, dx, y_ref, dx_ref, dy, dtype, scale):
+    """y and dx against the float64 reference: 16-bit ones element by element in units of their roundings too."""
+    if dtype in UNIT_ROUNDOFF:
+        assert_16_bit_softmax_close(y, dx, y_ref, dx_ref, dy, dtype, scale)
+    assert_close_to(y, y_ref, dtype)
+    assert_close_to(dx, dx_ref, dtype, scale=4)
+
+
 def assert_forward_backward_match(x, mask, scale, is_causal=False, causal_variant="upper_left"):
-    """x's forward and backward (from a random dy) against the float64 reference; returns y."""
+    """x's forward and backward (from a random dy) against the float64 reference; returns y. The memory that y and
+    dx take is left holding NaN first, so that an element a kernel does not write shows."""
+    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
     y = sms.scaled_mask_softmax(x, mask, scale, is_causal, causal_variant)
     dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1)
+    torch.full_like(x, float("nan"))  # and to dx
     y.backward(dy)
     y_ref, dx_ref, _ = reference_forward_backward(x, mask, scale, is_causal, causal_variant, dy)
-    assert_close_to(y, y_ref, x.dtype)
-    assert_close_to(x.grad, dx_ref, x.dtype, scale=4)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, x.dtype, scale)
     return y
 
 
@@ -47,8 +58,7 @@ def test_long_rows_that_see_few_keys(dtype, causal_variant):
     dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
     y.backward(dy)
     y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, causal_variant, dy)
-    assert_close_to(y, y_ref, dtype)
-    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, dtype, 0.5)
     if causal_variant == "upper_left":
         assert not y[..., 3:].any() and not x.grad[..., 3:].any()
 
@@ -69,8 +79,7 @@ def test_causal_rows_in_two_passes_are_zero_past_what_they_see(dtype, cols, caus
     torch.full_like(x, float("nan"))  # and to dx
     y.backward(dy)
     y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, causal_variant, dy)
-    assert_close_to(y, y_ref, dtype)
-    assert_close_to(x.grad, dx_ref, dtype, scale=4)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, dtype, 0.5)
 
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
@@ -84,13 +93,22 @@ def test_rows_narrowed_to_what_they_see_keep_their_mask(mask_dtype):
     assert_forward_backward_match(x, mask, 0.5, is_causal=True)
 
 
+def key_mask_at(cols, offset):
+    """A bool key mask of `cols` keys, the first 8 attended, starting `offset` bytes past a 16-byte boundary. Off a
+    boundary, forward_staged cannot copy its rows in bulk: the causal rows it would take go to two passes instead."""
+    keep = torch.rand((cols + offset,), generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[offset:offset + 8] = True
+    mask = keep.to("cuda")[offset:]
+    assert mask.data_ptr() % 16 == offset
+    return mask
+
+
 def test_rows_narrowed_to_what_they_see_can_still_take_two_passes():
     """fp32 causal rows of 32,768 columns that see up to 8192 keys (upper-left): narrowed to their first 8192
-    columns, still long enough for the two-pass forward, which then writes rows of y 32,768 elements apart. The
-    memory that y and dx then take is left holding NaN first, so that a zero not written shows."""
+    columns, which a key mask off 16-byte words sends to the two-pass forward, which then writes rows of y 32,768
+    elements apart."""
     x = random_scores((8192, 32768), torch.float32, "cuda").requires_grad_()
-    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
-    assert_forward_backward_match(x, None, 0.5, is_causal=True)
+    assert_forward_backward_match(x, key_mask_at(32768, offset=4), 0.5, is_causal=True)
 
 
 # 2050 fp16 columns: rows not 16-byte aligned, whose narrowed backward writes the rest of dx in 2-byte words.
@@ -103,7 +121,6 @@ def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, co
     shows."""
     x = random_scores((queries, cols), dtype, "cuda").requires_grad_()
     mask = (torch.rand(cols, generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
-    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
     y = assert_forward_backward_match(x, mask, 0.5, is_causal=True)
     assert not y[:, queries:].any()
 
@@ -116,31 +133,30 @@ def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, co
 def test_lower_right_rows_that_see_no_key(dtype, cols, mask_offset):
     queries = cols + 96
     x = random_scores((queries, cols), dtype, "cuda").requires_grad_()
-    mask = None
-    if mask_offset is not None:
-        keep = torch.rand((cols + mask_offset,), generator=torch.Generator().manual_seed(3)) > 0.3
-        keep[mask_offset] = True
-        mask = keep.to("cuda")[mask_offset:]
-    torch.full_like(x, float("nan"))  # freed at once: the allocator hands its memory to y next
+    mask = None if mask_offset is None else key_mask_at(cols, mask_offset)
     y = assert_forward_backward_match(x, mask, 0.5, is_causal=True, causal_variant="lower_right")
     assert not y[:queries - cols].any() and not x.grad[:queries - cols].any()
 
 
 # Upper-left rows narrowed to the columns they see (bf16, 4096 of 16,384 columns; fp32, 8192 of 32,768), long enough
-# for the kernels of long causal rows rather than the group kernel, a few of them NaN or +inf where they see: NaN at
-# every column, the zeros past the narrowed columns included, as the float64 reference is; the other rows untouched.
-@pytest.mark.parametrize("dtype, queries, cols", [(torch.bfloat16, 4096, 16384), (torch.float32, 8192, 32768)])
-def test_narrowed_rows_that_saw_nan_are_nan_everywhere(dtype, queries, cols):
+# for the kernels of long causal rows rather than the group kernel (forward_staged; with a key mask off 16-byte words,
+# the two-pass kernel), a few of them NaN or +inf where they see: NaN at every column, the zeros past the narrowed
+# columns included, as the float64 reference is; the other rows untouched.
+@pytest.mark.parametrize("dtype, queries, cols, masked", [(torch.bfloat16, 4096, 16384, False),
+                                                          (torch.float32, 8192, 32768, False),
+                                                          (torch.float32, 8192, 32768, True)])
+def test_narrowed_rows_that_saw_nan_are_nan_everywhere(dtype, queries, cols, masked):
     x = random_scores((queries, cols), dtype, "cpu")
     nan_rows = [3, queries // 2, queries - 1]
     x[3, 2] = float("nan")
     x[queries // 2, 0] = float("inf")
     x[queries - 1, queries - 5] = float("nan")
     x = x.to("cuda").requires_grad_()
-    y = sms.scaled_mask_softmax(x, None, 0.5, True)
+    mask = key_mask_at(cols, offset=4) if masked else None
+    y = sms.scaled_mask_softmax(x, mask, 0.5, True)
     dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
     y.backward(dy)
-    y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, True, "upper_left", dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, True, "upper_left", dy)
     others = [row for row in range(queries) if row not in nan_rows]
     assert y[nan_rows].isnan().all() and not y[others].isnan().any()
     assert_close_to(y[others], y_ref[others], dtype)
@@ -200,10 +216,7 @@ def test_long_causal_rows_that_saw_nan_are_nan_everywhere(dtype, cols, offset):
     x[1, 0] = float("inf")
     x[2, 7] = float("nan")
     x = x.to("cuda").requires_grad_()
-    keep = torch.rand((cols + offset,), generator=torch.Generator().manual_seed(3)) > 0.3
-    keep[offset:offset + 8] = True
-    mask = keep.to("cuda")[offset:]
-    assert mask.data_ptr() % 16 == offset
+    mask = key_mask_at(cols, offset)
     y = sms.scaled_mask_softmax(x, mask, 0.7, True, "lower_right")
     dy = random_scores(x.shape, x.dtype, x.device, generator_seed=1)
     y.backward(dy)
@@ -295,11 +308,11 @@ def test_rows_of_a_bias_taken_in_its_order():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_two_pass_rows_on_either_side_of_the_folded_shift(dtype, with_mask):
-    """16-bit rows in two passes (no mask, or a bool mask) write 2^(s * log2(e) - total), the total folding in the
-    shift and log2 of the sum, only where that total is within 1024, and exp(s - shift) / sum elsewhere: rows whose
-    scores sit on either side of it (scale 1: a shift of 650 gives a total about 950, 760 about 1110), a row all
-    -inf and a row with a NaN."""
-    cols = 65536
+    """16-bit rows in two passes (no mask, or a bool mask; 65,535 columns, read element by element, which the staged
+    cluster kernel does not take) write 2^(s * log2(e) - total), the total folding in the shift and log2 of the sum,
+    only where that total is within 1024, and exp(s - shift) / sum elsewhere: rows whose scores sit on either side
+    of it (scale 1: a shift of 650 gives a total about 950, 760 about 1110), a row all -inf and a row with a NaN."""
+    cols = 65535
     centers = [0.0, -300.0, 650.0, 760.0, -1000.0, 3000.0]
     rows = [random_scores((cols,), torch.float64, "cpu", generator_seed=seed) + center
             for seed, center in enumerate(centers)]
@@ -315,13 +328,17 @@ def test_two_pass_rows_on_either_side_of_the_folded_shift(dtype, with_mask):
 
 
 def test_runs_on_the_current_stream():
-    x = random_scores((64, 1024), torch.float16, "cuda")
-    expected = sms.scaled_mask_softmax(x, is_causal=True)
+    """On a side stream, x is written after a long sleep there and read by the operator after it: a launch on
+    another stream would read x before the write."""
+    x = torch.zeros((64, 1024), dtype=torch.float16, device="cuda")
+    scores = random_scores(x.shape, torch.float16, "cuda")
+    expected = sms.scaled_mask_softmax(scores, is_causal=True)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
-            y = sms.scaled_mask_softmax(x, is_causal=True)
+        torch.cuda._sleep(100_000_000)  # about 50 ms
+        x.copy_(scores)
+        y = sms.scaled_mask_softmax(x, is_causal=True)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(y, expected)
 
@@ -349,15 +366,20 @@ def test_staged_rows_on_two_gpus():
                 assert_matches_reference_with(x, mask_form, 0.5)
 
 
-# (1, 4, 262144): four queries see so few keys of rows so long that the kernels take only their first 64 columns,
-# the rest zeroed apart. Without a mask, causal bf16 rows that a staged kernel takes, whose blocks draw their rows
-# from a counter zeroed before each launch: forward_staged's (4, 64, 4096), backward_staged's (2, 8, 16384); and
-# rows without a causal limit drawn by clusters of two blocks (2, 400, 65536). Replayed three times, with new scores
-# each time: a counter zeroed only once would leave the later replays' rows undrawn.
-@pytest.mark.parametrize("shape, with_mask, is_causal", [((8, 16, 128), True, True), ((1, 4, 262144), True, True),
-                                                         ((4, 64, 4096), False, True), ((2, 8, 16384), False, True),
-                                                         ((2, 400, 65536), False, False)])
-def test_cuda_graph_capture_and_replay(shape, with_mask, is_causal):
+# (1, 4, 262144), upper-left: four queries see so few keys of rows so long that the kernels take only their first
+# 64 columns, the rest zeroed apart. Without a mask, causal bf16 rows (lower-right: whole, not narrowed) that a staged
+# kernel takes, whose blocks draw their rows from a counter zeroed before each launch: forward_staged's (4, 64, 4096),
+# backward_staged's (2, 8, 16384); and rows without a causal limit drawn by clusters of two blocks (2, 400, 65536).
+# Replayed three times, with new scores each time: a counter zeroed only once would leave the later replays' rows
+# undrawn.
+@pytest.mark.parametrize("shape, with_mask, causal_variant", [((8, 16, 128), True, "upper_left"),
+                                                              ((1, 4, 262144), True, "upper_left"),
+                                                              ((4, 64, 4096), False, "lower_right"),
+                                                              ((2, 8, 16384), False, "lower_right"),
+                                                              ((2, 400, 65536), False, None)])
+def test_cuda_graph_capture_and_replay(shape, with_mask, causal_variant):
+    is_causal = causal_variant is not None
+    causal_variant = causal_variant or "upper_left"
     x = random_scores(shape, torch.bfloat16, "cuda").requires_grad_()
     mask = torch.zeros(shape[-2:], dtype=torch.bfloat16, device="cuda") if with_mask else None
     dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=2)
@@ -366,20 +388,19 @@ def test_cuda_graph_capture_and_replay(shape, with_mask, is_causal):
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm up outside the graph, as CUDA graph capture requires
             x.grad = None
-            sms.scaled_mask_softmax(x, mask, 0.5, is_causal).backward(dy)
+            sms.scaled_mask_softmax(x, mask, 0.5, is_causal, causal_variant).backward(dy)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     x.grad = None
     with torch.cuda.graph(graph):
-        y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal)
+        y = sms.scaled_mask_softmax(x, mask, 0.5, is_causal, causal_variant)
         y.backward(dy)
     for seed in (3, 4, 5):
         with torch.no_grad():
             x.copy_(random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=seed))
         graph.replay()
-        y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, is_causal, "upper_left", dy)
-        assert_close_to(y, y_ref, torch.bfloat16)
-        assert_close_to(x.grad, dx_ref, torch.bfloat16, scale=4)
+        y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.5, is_causal, causal_variant, dy)
+        assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, torch.bfloat16, 0.5)
 
 
 # Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
