@@ -48,6 +48,10 @@ class Nvcc(NamedTuple):
     version: Optional[tuple]
 
     @property
+    def release(self) -> str:
+        return f"release {version_text(self.version)}" if self.version else "version unknown"
+
+    @property
     def is_wrapper(self) -> bool:
         return self.root is not None and self.path.resolve() != (self.root / "bin" / "nvcc").resolve()
 
@@ -123,13 +127,12 @@ def check_major(what: str, version, torch_cuda: Optional[str]) -> Optional[Findi
 def check_nvcc_on_path(nvcc: Optional[Nvcc], torch_cuda: Optional[str]) -> list:
     if nvcc is None:
         return [Finding("info", "no nvcc on PATH")]
-    release = f"release {version_text(nvcc.version)}" if nvcc.version else "version unknown"
     if nvcc.is_wrapper:
         findings = [Finding("warn", f"nvcc on PATH, {nvcc.path}, is a wrapper for the toolkit at {nvcc.root} "
-                                    f"({release}): without CUDA_HOME or CUDA_PATH, torch takes "
+                                    f"({nvcc.release}): without CUDA_HOME or CUDA_PATH, torch takes "
                                     f"{nvcc.path.parent.parent} for the toolkit")]
     else:
-        findings = [Finding("ok", f"nvcc on PATH: {nvcc.path} ({release}, toolkit {nvcc.root})")]
+        findings = [Finding("ok", f"nvcc on PATH: {nvcc.path} ({nvcc.release}, toolkit {nvcc.root})")]
     mismatch = check_major("the nvcc on PATH", nvcc.version, torch_cuda)
     return findings + ([mismatch] if mismatch else [])
 
@@ -167,8 +170,7 @@ def check_cuda_home(env, path_nvcc: Optional[Nvcc], torch_cuda: Optional[str]) -
         return [Finding("warn", f"CUDA_HOME={cuda_home} is not a toolkit root: its bin/nvcc runs the toolkit at "
                                 f"{home_nvcc.root}, and the build looks for headers and libcudart under {cuda_home}",
                         f"export CUDA_HOME={home_nvcc.root}")]
-    release = f"release {version_text(home_nvcc.version)}" if home_nvcc.version else "version unknown"
-    findings = [Finding("ok", f"CUDA_HOME={cuda_home} ({release}, toolkit {home_nvcc.root})")]
+    findings = [Finding("ok", f"CUDA_HOME={cuda_home} ({home_nvcc.release}, toolkit {home_nvcc.root})")]
     mismatch = check_major(f"CUDA_HOME={cuda_home}", home_nvcc.version, torch_cuda)
     if mismatch:
         findings.append(mismatch)
@@ -196,13 +198,12 @@ def check_unset_cuda_home(env, path_nvcc: Optional[Nvcc], torch_cuda: Optional[s
     if toolkit is None:
         return [Finding("warn", f"CUDA_HOME is unset, and CUDA_PATH={build_home} has no bin/nvcc: a build of the "
                                 "CUDA kernels fails", export_fix)]
-    release = f"release {version_text(toolkit.version)}" if toolkit.version else "version unknown"
     if guess is not None and guess.resolve() != build_home.resolve():
         findings = [Finding("warn", f"CUDA_HOME is unset: torch would guess {guess} (from {path_nvcc.path}), which "
                                     f"is not the toolkit; this package's build sees through to {build_home} "
-                                    f"({release}), other extensions will not", export_fix)]
+                                    f"({toolkit.release}), other extensions will not", export_fix)]
     else:
-        findings = [Finding("ok", f"CUDA_HOME is unset: the build takes {build_home} ({release})")]
+        findings = [Finding("ok", f"CUDA_HOME is unset: the build takes {build_home} ({toolkit.release})")]
     mismatch = check_major(f"the toolkit at {build_home}", toolkit.version, torch_cuda)
     return findings + ([mismatch] if mismatch else [])
 

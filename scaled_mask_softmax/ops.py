@@ -107,13 +107,13 @@ class ScaledMaskSoftmax(torch.nn.Module):
 # kernels are loaded (or built) here, before the compiled graph calls them.
 @torch.library.register_fake("scaled_mask_softmax::forward")
 def _forward_fake(x, mask, scale, is_causal, causal_variant):
-    if x.is_cuda and not _build._cuda_ready:
+    if x.is_cuda:
         _build.load_cuda_kernels()
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("scaled_mask_softmax::backward")
 def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
-    if y.is_cuda and not _build._cuda_ready:
+    if y.is_cuda:
         _build.load_cuda_kernels()
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)

@@ -101,15 +101,24 @@ def test_no_growth_over_10000_calls_cuda(mask_kind):
     assert torch.cuda.memory_allocated() == before
 
 
+def bytes_allocated_during(call, device):
+    """What `call` allocates: at its peak on CUDA, in all on the CPU (as torch's profiler records it)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        call()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profile:
+        call()
+    return sum(max(event.self_cpu_memory_usage, 0) for event in profile.events())
+
+
 def peak_forward_backward_bytes(softmax, x, dy):
     """Peak CUDA memory of `softmax(x)` and its backward, above what was allocated before."""
     x = x.detach().requires_grad_()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    softmax(x).backward(dy)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - start
+    return bytes_allocated_during(lambda: softmax(x).backward(dy), "cuda")
 
 
 @pytest.mark.gpu
@@ -133,20 +142,6 @@ def test_peak_memory_not_above_eager_composite(record_property):
     print(f"\npeak memory of forward+backward, {list(shape)} bfloat16, key padding and causal: "
           f"ours {peaks['ours'] / 2**20:.1f} MiB, eager composite {peaks['eager'] / 2**20:.1f} MiB")
     assert peaks["ours"] <= peaks["eager"]
-
-
-def bytes_allocated_during(call, device):
-    """What `call` allocates: at its peak on CUDA, in all on the CPU (as torch's profiler records it)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-        call()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profile:
-        call()
-    return sum(max(event.self_cpu_memory_usage, 0) for event in profile.events())
 
 
 @pytest.mark.parametrize("device", DEVICES)
