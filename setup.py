@@ -76,6 +76,10 @@ extensions = [cpp_extension.CppExtension(f"{PACKAGE}._C", [str(CSRC / name) for 
                                          extra_compile_args={"cxx": cxx_flags})]
 with_cuda = want_cuda()
 if with_cuda:
+    mismatch = toolkit.toolkit_mismatch(cpp_extension.CUDA_HOME, torch.version.cuda)
+    if mismatch:
+        sys.exit(f"scaled_mask_softmax: {mismatch}; or set SCALED_MASK_SOFTMAX_CPU_ONLY=1 to build the CPU kernels "
+                 "alone")
     # Set for torch's build too, so that what is built is what the build record says.
     os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
     print(f"scaled_mask_softmax: building the CUDA kernels with {cpp_extension.CUDA_HOME}/bin/nvcc for "

@@ -19,6 +19,9 @@ def _build_just_in_time(name: str, sources, with_cuda: bool, why: str) -> None:
     import os
 
     cuda_home = _toolkit.default_cuda_home()
+    mismatch = _toolkit.toolkit_mismatch(cuda_home, torch.version.cuda) if with_cuda else None
+    if mismatch:
+        raise RuntimeError(f"scaled_mask_softmax: the CUDA kernels {why}, and cannot be built just in time: {mismatch}")
     if with_cuda and cuda_home is not None:
         # torch reads CUDA_HOME when cpp_extension is first imported (a wrapper nvcc would mislead it), which may
         # have been before this call (torch.compile's C++ builder imports it): its module's own value is set too.

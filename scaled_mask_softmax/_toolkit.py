@@ -39,6 +39,21 @@ def nvcc_version(nvcc: str):
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def toolkit_mismatch(cuda_home, torch_cuda):
+    """Why the toolkit at `cuda_home` cannot build kernels for a torch built with CUDA `torch_cuda`, or None. Another
+    major version is refused: torch's setup build refuses it too, but its just-in-time build would link the
+    toolkit's CUDA runtime beside torch's own."""
+    if cuda_home is None or torch_cuda is None:
+        return None
+    version = nvcc_version(str(Path(cuda_home) / "bin" / "nvcc"))
+    torch_major = int(torch_cuda.split(".")[0])
+    if version is None or version[0] == torch_major:
+        return None
+    return (f"the CUDA toolkit at {cuda_home} is {version[0]}.{version[1]}, but torch was built with CUDA "
+            f"{torch_cuda}: the kernels need a toolkit of the same major version. Point CUDA_HOME at a CUDA "
+            f"{torch_major}.x toolkit, or install a torch built for CUDA {version[0]}")
+
+
 def nvcc_on_path(env=None):
     """The `nvcc` that PATH in `env` (default: this process's environment) finds, or None."""
     env = os.environ if env is None else env

@@ -11,9 +11,11 @@ from .reference import causal_visible
 
 _forward_op = torch.ops.scaled_mask_softmax.forward.default
 _backward_op = torch.ops.scaled_mask_softmax.backward.default
-# torch.library.register_vmap may be newer than the oldest torch this package takes; without it, vmap runs the
-# operators once per sample (correct, slower) and says so.
-_register_vmap = getattr(torch.library, "register_vmap", lambda name: lambda rule: rule)
+# torch.library.register_vmap is new in torch 2.5, whose version trips an internal assert of functorch where the
+# rules run under nested transforms (torch.func.hessian). Without the rules, vmap runs the operators once per sample
+# (correct, slower) and says so.
+BATCHING_RULES = torch.torch_version.TorchVersion(torch.__version__) >= (2, 6)
+_register_vmap = torch.library.register_vmap if BATCHING_RULES else lambda name: lambda rule: rule
 
 
 def _batch_first(tensor, batch_dim, batch_size):

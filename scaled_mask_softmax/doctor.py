@@ -259,6 +259,34 @@ def check_wsl(proc_version: str, wsl_folder_exists: bool, driver, toolkit) -> li
                             "differ; the driver comes from /usr/lib/wsl/lib, never install a Linux one")]
 
 
+def host_compiler_refusal(nvcc: Path, env) -> Optional[str]:
+    """nvcc's error where it refuses the host compiler a build hands it, or None. Preprocessing an empty CUDA file
+    includes the toolkit's crt/host_config.h, which holds that release's bounds on GCC, Clang and MSVC."""
+    args = [str(nvcc), "-E", "-x", "cu", os.devnull, "-o", os.devnull]
+    if env.get("CC"):
+        args += ["-ccbin", env["CC"]]  # as torch's build passes it
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    if done.returncode == 0:
+        return None
+    output = done.stdout + done.stderr
+    errors = [line for line in output.splitlines() if "error" in line.lower()] or output.splitlines() or ["?"]
+    # The bound, without nvcc's advice on -allow-unsupported-compiler.
+    return errors[0].split(" The nvcc flag")[0].strip()
+
+
+def check_host_compiler(nvcc: Nvcc, env, refusal: Optional[str]) -> Finding:
+    compiler = f"CC={env['CC']}" if env.get("CC") else "nvcc's default (NVCC_CCBIN, else gcc on PATH)"
+    if refusal is None:
+        return Finding("ok", f"nvcc {nvcc.release} takes the host compiler, {compiler}")
+    return Finding("warn", f"nvcc {nvcc.release} refuses the host compiler, {compiler}: a build of the CUDA kernels "
+                           f"fails ({refusal})",
+                   "export CC=<a host compiler that release supports, e.g. an older gcc> (torch's build passes it to "
+                   "nvcc as -ccbin), then rebuild")
+
+
 # architectures ----------------------------------------------------------------------------------------------
 
 def parse_arch_list(value: str) -> set:
@@ -541,6 +569,8 @@ def diagnose(env, run=run_command):
     yield from check_cuda_home(env, path_nvcc, torch_cuda)
     cuda_home = _toolkit.default_cuda_home(env)
     build_nvcc = describe_nvcc(cuda_home / "bin" / "nvcc") if cuda_home else None
+    if torch_cuda is not None and build_nvcc is not None:
+        yield check_host_compiler(build_nvcc, env, host_compiler_refusal(build_nvcc.path, env))
     yield from check_ld_library_path(env, torch_cuda)
 
     yield from check_driver(smi_output, torch_cuda)

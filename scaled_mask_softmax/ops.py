@@ -59,6 +59,19 @@ def _check_options(scale, is_causal, causal_variant):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
 
 
+# torch.compile of torch 2.4 cannot trace torch._C._are_functorch_transforms_active() (later versions take its value
+# while tracing): there a compiled call is taken to run under no transform.
+_COMPILE_TRACES_TRANSFORM_CHECK = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
+def _transforms_active():
+    """Whether a torch.func transform other than functionalize is active, which the operators' C++ autograd cannot
+    serve."""
+    if not _COMPILE_TRACES_TRANSFORM_CHECK and torch.compiler.is_compiling():
+        return False
+    return torch._C._are_functorch_transforms_active() and not _functionalized()
+
+
 def _functionalized():
     """Whether torch.func.functionalize is among the transforms active. It has no rule for an autograd.Function such
     as TransformableSoftmax (torch raises NYI); the operator itself, which mutates nothing, needs none, and vmap
@@ -81,7 +94,7 @@ def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant
     _check_arguments(x, mask, scale, is_causal, causal_variant)
     if x.is_cuda:
         _build.ensure_cuda_kernels()
-    if forward_ad._current_level >= 0 or (torch._C._are_functorch_transforms_active() and not _functionalized()):
+    if forward_ad._current_level >= 0 or _transforms_active():
         return TransformableSoftmax.apply(x, mask, float(scale), is_causal, causal_variant)
     return _forward_op(x, mask, float(scale), is_causal, causal_variant)
 

@@ -13,6 +13,16 @@ DEVICES = [
                                 pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
 ]
 
+
+@pytest.fixture(autouse=True)
+def subnormals_kept():
+    """torch 2.5's inductor loads CPU code built with -ffast-math, whose start-up code turns on flush-to-zero for
+    the whole process: the tests after a compiled one would see subnormals flushed (and hypothesis refuses then to
+    draw floats)."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 # (atol, rtol) per dtype for outputs in [0, 1] and for gradients of randn-sized dy: about one rounding of the
 # result in that dtype (bf16 keeps 8 significant bits, fp16 11), fp32 a few ulps.
 TOLERANCES = {

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import scaled_mask_softmax as sms
+from scaled_mask_softmax import _transforms
 from conftest import (DEVICES, UNIT_ROUNDOFF, assert_16_bit_softmax_close, assert_close_to,
                       environment_importing_this_package, random_scores, reference_forward_backward)
 
@@ -396,6 +397,8 @@ def test_functionalize_alone_and_with_vmap(device):
         assert_close_to(ours, expected, torch.float64)
 
 
+@pytest.mark.skipif(not _transforms.BATCHING_RULES,
+                    reason=f"the batching rules are registered from torch 2.6, not on {torch.__version__}")
 @pytest.mark.parametrize("device", DEVICES)
 def test_vmap_takes_the_operators_batching_rules(device):
     """Each op runs twice under vmap, as the profiler counts it: the call vmap sees, and the one batched call its
@@ -529,6 +532,8 @@ def aot_inductor_package_called(module, args, folder):
     return finished, (torch.load(folder / "output.pt") if finished.returncode == 0 else None)
 
 
+@pytest.mark.skipif(not hasattr(torch._inductor, "aoti_compile_and_package"),
+                    reason=f"torch {torch.__version__} has no torch._inductor.aoti_compile_and_package (new in 2.6)")
 def test_aot_inductor_package_calls_the_operator(tmp_path):
     # Serving without Python's torch.export: the package calls the operator through the dispatcher. On the CPU only:
     # the same call on CUDA would also compile the package's own kernels.

@@ -1,6 +1,7 @@
 """`python -m scaled_mask_softmax doctor`: each build trap staged with fake toolkits and command output, no GPU."""
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,11 +23,12 @@ def write_script(path: Path, body: str) -> Path:
 
 
 def fake_toolkit(root: Path, release: str) -> Path:
-    """A toolkit folder whose bin/nvcc answers --version and --dryrun (naming its TOP) as nvcc does: nvcc finds
+    """A toolkit folder whose bin/nvcc answers --version, --dryrun (naming its TOP) and -E as nvcc does: nvcc finds
     its toolkit from its own resolved location, whatever symlink it was called through."""
     write_script(root / "bin" / "nvcc", f"""case "$1" in
   --version) echo "Cuda compilation tools, release {release}, V{release}.99" ;;
   --dryrun) echo "#\\$ TOP=$(dirname "$(readlink -f "$0")")/.." >&2 ;;
+  -E) exit 0 ;;
   *) exit 1 ;;
 esac""")
     return root
@@ -178,6 +180,68 @@ def test_cuda_home_of_another_major_and_another_toolkit_than_path(tmp_path):
     assert "CUDA 12.4" in findings[1].message and "different toolkits" in findings[2].message
 
 
+def test_a_toolkit_of_another_major_is_refused_with_the_fixes(tmp_path):
+    toolkit = fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    message = _toolkit.toolkit_mismatch(toolkit, TORCH_CUDA)
+    assert f"{toolkit} is 12.4, but torch was built with CUDA 13.0" in message
+    assert "CUDA 13.x toolkit" in message and "torch built for CUDA 12" in message
+    assert _toolkit.toolkit_mismatch(toolkit, "12.8") is None  # another minor: torch's build warns, and it runs
+    assert _toolkit.toolkit_mismatch(toolkit, None) is None
+    assert _toolkit.toolkit_mismatch(tmp_path / "missing", TORCH_CUDA) is None
+
+
+def test_setup_stops_before_building_with_a_toolkit_of_another_major(tmp_path):
+    toolkit = fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    # Whatever this torch's build, setup.py is shown one of CUDA 13.0; `--name` builds nothing.
+    script = ("import runpy, sys, torch; torch.version.cuda = '13.0'; sys.argv = ['setup.py', '--name']; "
+              "runpy.run_path('setup.py', run_name='__main__')")
+    finished = subprocess.run([sys.executable, "-c", script], cwd=Path(_toolkit.__file__).parents[1],
+                              env={**os.environ, "CUDA_HOME": str(toolkit)}, capture_output=True, text=True,
+                              timeout=300)
+    assert finished.returncode == 1, finished.stdout + finished.stderr
+    assert f"scaled_mask_softmax: the CUDA toolkit at {toolkit} is 12.4" in finished.stderr
+    assert "SCALED_MASK_SOFTMAX_CPU_ONLY=1" in finished.stderr
+
+
+def test_just_in_time_build_refuses_a_toolkit_of_another_major(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", str(fake_toolkit(tmp_path / "cuda-12.4", "12.4")))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(RuntimeError, match="are not installed, and cannot be built just in time: the CUDA toolkit"):
+        _build._build_just_in_time("never_built", [], with_cuda=True, why="are not installed")
+
+
+HOST_CONFIG_ERROR = ("/usr/local/cuda/include/crt/host_config.h:137:2: error: #error -- unsupported GNU version! "
+                     "gcc versions later than 15 are not supported! The nvcc flag '-allow-unsupported-compiler' can "
+                     "be used to override this version check")
+
+
+def test_host_compiler_refused_by_nvcc_says_its_bound(tmp_path):
+    nvcc = write_script(tmp_path / "cuda" / "bin" / "nvcc", f'echo "In file included from x.h:82," >&2\n'
+                                                              f'echo "{HOST_CONFIG_ERROR}" >&2; exit 1')
+    refusal = doctor.host_compiler_refusal(nvcc, {"PATH": os.defpath, "CC": "gcc-16"})
+    assert refusal.endswith("error: #error -- unsupported GNU version! gcc versions later than 15 are not supported!")
+    finding = doctor.check_host_compiler(doctor.Nvcc(nvcc, None, (13, 0)), {"CC": "gcc-16"}, refusal)
+    assert finding.status == "warn" and "nvcc release 13.0 refuses the host compiler, CC=gcc-16" in finding.message
+    assert "export CC=" in finding.fix
+    assert doctor.check_host_compiler(doctor.Nvcc(nvcc, None, (13, 0)), {}, None).status == "ok"
+
+
+def test_host_compiler_bound_read_from_the_real_toolkit(tmp_path):
+    """A g++ that says it is GCC 16, against this machine's nvcc (its own headers hold the bound, 15 for 13.0)."""
+    cuda_home = _toolkit.default_cuda_home()
+    if cuda_home is None or not (cuda_home / "bin" / "nvcc").is_file():
+        pytest.skip("no CUDA toolkit on this machine")
+    gcc = shutil.which("g++")
+    if gcc is None:
+        pytest.skip("no g++ on this machine")
+    nvcc = cuda_home / "bin" / "nvcc"
+    version = _toolkit.nvcc_version(str(nvcc))
+    newer = write_script(tmp_path / "g++", f'exec "{gcc}" -U__GNUC__ -D__GNUC__=99 "$@"')
+    assert doctor.host_compiler_refusal(nvcc, {**os.environ, "CC": gcc}) is None
+    refusal = doctor.host_compiler_refusal(nvcc, {**os.environ, "CC": str(newer)})
+    assert refusal is not None and "unsupported GNU version" in refusal, (version, refusal)
+
+
 # LD_LIBRARY_PATH, the driver, WSL2 ----------------------------------------------------------------------------
 
 def test_ld_library_path_with_a_runtime_of_another_major(tmp_path):
@@ -217,7 +281,7 @@ def test_wsl_is_detected_and_the_two_versions_explained():
 def test_parse_arch_list():
     assert doctor.parse_arch_list("8.0;9.0+PTX") == {Target("sass", (8, 0)), Target("sass", (9, 0)),
                                                      Target("ptx", (9, 0))}
-    assert doctor.parse_arch_list("9.0a 10.0") == {Target("sass", (9, 0), "a"), Target("sass", (10, 0))}
+    assert doctor.parse_arch_list("9.0a 8.6") == {Target("sass", (9, 0), "a"), Target("sass", (8, 6))}
     assert doctor.parse_arch_list("Hopper") == {Target("sass", (9, 0)), Target("ptx", (9, 0))}
 
 
@@ -230,9 +294,10 @@ def test_arch_list_that_torch_refuses(arch_list):
 
 
 def test_arch_list_entries_the_toolkit_cannot_target():
-    finding = doctor.check_arch_list_build("9.0;10.0;12.0+PTX", None, (12, 4), {(8, 0), (9, 0)})
-    assert finding.status == "warn" and "nvcc 12.4 cannot target sm_100, sm_120" in finding.message
-    assert doctor.check_arch_list_build("9.0;10.0", None, (13, 0), {(9, 0), (10, 0)}).status == "ok"
+    # Architectures every torch this package takes knows (2.4 refuses 10.0), against an old toolkit.
+    finding = doctor.check_arch_list_build("8.0;8.6;9.0+PTX", None, (11, 0), {(7, 5), (8, 0)})
+    assert finding.status == "warn" and "nvcc 11.0 cannot target sm_86, sm_90" in finding.message
+    assert doctor.check_arch_list_build("8.0;9.0", None, (13, 0), {(8, 0), (9, 0), (10, 0)}).status == "ok"
 
 
 @pytest.mark.parametrize("arch_list,capability,status", [
@@ -367,7 +432,8 @@ def test_verdict_and_layout():
     assert doctor.format_finding(Finding("warn", "b", "do this")) == "warn  b\n      fix: do this"
 
 
-def test_a_staged_broken_machine_ends_not_usable(tmp_path):
+def test_a_staged_broken_machine_ends_not_usable(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # whatever this torch's build: the toolkit is a major behind
     toolkit = fake_toolkit(tmp_path / "cuda-12.4", "12.4")
     wrapper = fake_wrapper(tmp_path / "usr" / "bin", toolkit)
     write_script(tmp_path / "usr" / "bin" / "nvidia-smi", "exit 0")
