@@ -303,6 +303,27 @@ def test_bias_gradient_under_16_bit_scores_is_summed_in_fp32(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_under_autocast_probabilities_keep_the_scores_dtype(device):
+    """The operator has no autocast rule: under torch.autocast it takes the 16-bit scores a matmul gives and returns
+    probabilities in their dtype (torch.softmax's rule would widen them to fp32), computed in fp32, and the gradient
+    reaches fp32 q and k."""
+    q, k = (random_scores((2, 3, 16, 32), torch.float32, device, generator_seed=seed).requires_grad_()
+            for seed in (1, 2))
+    padding = torch.ones(2, 1, 1, 16, dtype=torch.bool, device=device)
+    padding[1, ..., 12:] = False
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        scores = q @ k.transpose(-1, -2)
+        scores.retain_grad()
+        y = sms.scaled_mask_softmax(scores, padding, 0.125, is_causal=True)
+    assert scores.dtype == y.dtype == torch.bfloat16
+    dy = random_scores(y.shape, torch.bfloat16, device, generator_seed=3)
+    y.backward(dy)
+    assert q.grad.dtype == k.grad.dtype == torch.float32
+    y_ref, dx_ref, _ = reference_forward_backward(scores, padding, 0.125, True, "upper_left", dy)
+    assert_16_bit_softmax_close(y, scores.grad, y_ref, dx_ref, dy, torch.bfloat16, 0.125)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bool_mask_gets_no_gradient(device):
     x = random_scores((2, 4, 6), torch.float32, device).requires_grad_()
     mask = torch.ones(4, 6, dtype=torch.bool, device=device)
