@@ -1,0 +1,54 @@
+"""Forward+backward with a learnable head bias: 16-bit x and an fp32 bias [1, H, Sq, Sk] that requires grad, against
+the same call with a bias that needs no gradient, and the eager composite and torch.compile's of it, over the byte
+floor (each operand read once and each result written once: x, bias, y; y, dy, dx and the bias's gradient).
+
+    python benchmarks/learnable_bias.py [--shape 8x32x1024x1024] [--dtype bfloat16] [--device cuda]
+"""
+import argparse
+
+import torch
+
+from scaled_mask_softmax import bench, scaled_mask_softmax
+
+SCALE = 0.125
+
+
+def composite(x, bias):
+    return torch.softmax(x * SCALE + bias, -1).to(x.dtype)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", type=lambda text: tuple(map(int, text.split("x"))), default=(8, 32, 1024, 1024))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(args.shape, generator=generator).to(device, dtype).requires_grad_()
+    bias = torch.randn((1, *args.shape[1:]), generator=generator).to(device).requires_grad_()
+    frozen_bias = bias.detach()
+    dy = torch.randn(args.shape, generator=generator).to(device, dtype)
+    compiled = torch.compile(composite)
+    copy_per_ms = bench.copy_bytes_per_ms(device)
+
+    def step(function, mask):
+        return lambda: function(x, mask).backward(dy)
+
+    x_bytes = x.numel() * x.element_size()
+    bias_bytes = bias.numel() * bias.element_size()
+    floors = {"learnable": (5 * x_bytes + 2 * bias_bytes) / copy_per_ms,
+              "frozen": (5 * x_bytes + bias_bytes) / copy_per_ms}
+    cases = [("ours, learnable bias", step(scaled_mask_softmax, bias), "learnable"),
+             ("ours, frozen bias", step(scaled_mask_softmax, frozen_bias), "frozen"),
+             ("eager composite, learnable bias", step(composite, bias), "learnable"),
+             ("torch.compile, learnable bias", step(compiled, bias), "learnable")]
+    print(f"{'x'.join(map(str, args.shape))} {args.dtype}, fp32 bias {list(bias.shape)}, "
+          f"copy {copy_per_ms / 1e6:.0f} GB/s; forward+backward")
+    for name, fn, floor in cases:
+        ms = bench.median_ms(fn, device, grad_to_none=(x, bias))
+        print(f"{name:34} {ms:8.3f} ms  {ms / floors[floor]:5.2f}x its floor ({floors[floor]:.3f} ms)")
+
+
+if __name__ == "__main__":
+    main()
