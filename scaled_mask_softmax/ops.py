@@ -116,10 +116,18 @@ class ScaledMaskSoftmax(torch.nn.Module):
         return f"scale={self.scale}, is_causal={self.is_causal}, causal_variant={self.causal_variant!r}"
 
 
-# The fake kernels run for real while torch.compile traces: where the first call of a process is compiled, the CUDA
-# kernels are loaded (or built) here, before the compiled graph calls them.
+def _broadcasts_to(shape, target):
+    return len(shape) <= len(target) and all(size in (1, full) for size, full in zip(reversed(shape), reversed(target)))
+
+
+# The fake kernels run for real while torch.compile and torch.export trace. They make the operators' shape checks
+# (csrc/binding.h), so that a call that would fail is refused when it is traced, not when the traced graph runs;
+# and where the first call of a process is compiled, they load (or build) the CUDA kernels before the graph calls
+# them.
 @torch.library.register_fake("scaled_mask_softmax::forward")
 def _forward_fake(x, mask, scale, is_causal, causal_variant):
+    if mask is not None and not _broadcasts_to(mask.shape, x.shape):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x.shape)}")
     if x.is_cuda:
         _build.load_cuda_kernels()
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -127,6 +135,8 @@ def _forward_fake(x, mask, scale, is_causal, causal_variant):
 
 @torch.library.register_fake("scaled_mask_softmax::backward")
 def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
+    if dy.shape != y.shape:
+        raise RuntimeError(f"dy must have y's shape {tuple(y.shape)}, got {tuple(dy.shape)}")
     if y.is_cuda:
         _build.load_cuda_kernels()
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)

@@ -67,6 +67,30 @@ def test_direct_operator_calls_are_checked_too():
             torch.ops.scaled_mask_softmax.backward(X, X, scale)
 
 
+class MaskedScores(torch.nn.Module):
+    def forward(self, x, mask):
+        return sms.scaled_mask_softmax(x, mask, 0.5)
+
+
+def test_tracing_refuses_what_the_operator_would():
+    """torch.export and torch.compile trace through the fake kernels, which make the operator's shape checks: a bad
+    mask is refused when traced, not when the exported or compiled graph first runs."""
+    graphs = []
+
+    def backend(graph, example_inputs):  # reached only by a trace that succeeded
+        graphs.append(graph)
+        return graph
+
+    message = r"mask of shape \(5, 5\) does not broadcast to x of shape \(2, 3, 4, 5\)"
+    with pytest.raises(Exception, match=message):
+        torch.export.export(MaskedScores(), (X, torch.zeros(5, 5)))
+    with pytest.raises(Exception, match=message):
+        torch.compile(MaskedScores(), fullgraph=True, backend=backend)(X, torch.zeros(5, 5))
+    with pytest.raises(Exception, match=r"dy must have y's shape \(2, 3, 4, 5\), got \(3, 4, 5\)"):
+        torch.compile(torch.ops.scaled_mask_softmax.backward, fullgraph=True, backend=backend)(X, X[0], 1.0)
+    assert graphs == []
+
+
 def test_fp64_scores_take_any_finite_scale():
     x = torch.tensor([[0.0, 1e-300]], dtype=torch.float64)
     expected = torch.softmax(x * 1e300, dim=-1)
