@@ -39,6 +39,12 @@ def nvcc_version(nvcc: str):
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def other_major(version, torch_cuda) -> bool:
+    """Whether a toolkit of `(major, minor)` `version` is of another CUDA major than torch's `torch_cuda` ("13.0");
+    False where either is unknown."""
+    return version is not None and torch_cuda is not None and version[0] != int(torch_cuda.split(".")[0])
+
+
 def toolkit_mismatch(cuda_home, torch_cuda):
     """Why the toolkit at `cuda_home` cannot build kernels for a torch built with CUDA `torch_cuda`, or None. Another
     major version is refused: torch's setup build refuses it too, but its just-in-time build would link the
@@ -46,12 +52,11 @@ def toolkit_mismatch(cuda_home, torch_cuda):
     if cuda_home is None or torch_cuda is None:
         return None
     version = nvcc_version(str(Path(cuda_home) / "bin" / "nvcc"))
-    torch_major = int(torch_cuda.split(".")[0])
-    if version is None or version[0] == torch_major:
+    if not other_major(version, torch_cuda):
         return None
     return (f"the CUDA toolkit at {cuda_home} is {version[0]}.{version[1]}, but torch was built with CUDA "
             f"{torch_cuda}: the kernels need a toolkit of the same major version. Point CUDA_HOME at a CUDA "
-            f"{torch_major}.x toolkit, or install a torch built for CUDA {version[0]}")
+            f"{torch_cuda.split('.')[0]}.x toolkit, or install a torch built for CUDA {version[0]}")
 
 
 def nvcc_on_path(env=None):

@@ -14,7 +14,7 @@ _backward_op = torch.ops.scaled_mask_softmax.backward.default
 # torch.library.register_vmap is new in torch 2.5, whose version trips an internal assert of functorch where the
 # rules run under nested transforms (torch.func.hessian). Without the rules, vmap runs the operators once per sample
 # (correct, slower) and says so.
-BATCHING_RULES = torch.torch_version.TorchVersion(torch.__version__) >= (2, 6)
+BATCHING_RULES = torch.__version__ >= (2, 6)
 _register_vmap = torch.library.register_vmap if BATCHING_RULES else lambda name: lambda rule: rule
 
 

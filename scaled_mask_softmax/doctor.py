@@ -113,12 +113,11 @@ def check_torch(torch_version: str, torch_cuda: Optional[str], driver_found: boo
 
 def check_major(what: str, version, torch_cuda: Optional[str]) -> Optional[Finding]:
     """A toolkit of another CUDA major than torch's: torch refuses to build extensions with it."""
-    torch_version = parse_version(torch_cuda)
-    if version is None or torch_version is None or version[0] == torch_version[0]:
+    if not _toolkit.other_major(version, torch_cuda):
         return None
     return Finding("warn", f"{what} is CUDA {version_text(version)}, torch is built with CUDA {torch_cuda}: "
                            "torch refuses to build extensions across CUDA major versions",
-                   f"install a CUDA {torch_version[0]}.x toolkit and export CUDA_HOME=<its root>, "
+                   f"install a CUDA {parse_version(torch_cuda)[0]}.x toolkit and export CUDA_HOME=<its root>, "
                    f"or install a torch built for CUDA {version[0]}")
 
 

@@ -61,7 +61,7 @@ def _check_options(scale, is_causal, causal_variant):
 
 # torch.compile of torch 2.4 cannot trace torch._C._are_functorch_transforms_active() (later versions take its value
 # while tracing): there a compiled call is taken to run under no transform.
-_COMPILE_TRACES_TRANSFORM_CHECK = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+_COMPILE_TRACES_TRANSFORM_CHECK = torch.__version__ >= (2, 5)
 
 
 def _transforms_active():
