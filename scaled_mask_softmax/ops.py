@@ -140,3 +140,13 @@ def _backward_fake(y, dy, scale, is_causal=False, causal_variant="upper_left"):
     if y.is_cuda:
         _build.load_cuda_kernels()
     return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+
+@torch.library.register_fake("scaled_mask_softmax::backward_with_bias_grad")
+def _backward_with_bias_grad_fake(y, dy, scale, is_causal, causal_variant, bias_rows):
+    dx = _backward_fake(y, dy, scale, is_causal, causal_variant)
+    rows = y.numel() // y.shape[-1] if y.shape[-1] else 0
+    if bias_rows < 1 or rows % bias_rows:
+        raise ValueError(f"bias_rows must be a positive divisor of y's {rows} rows, got {bias_rows}")
+    compute_type = torch.float64 if y.dtype == torch.float64 else torch.float32
+    return dx, y.new_empty((bias_rows, y.shape[-1]), dtype=compute_type)

@@ -1,8 +1,10 @@
 // The operators' reverse-mode autograd kernels, for every device. The forward's graph node saves y alone, and its
 // backward is the backward op (a learnable floating mask also gets the score gradient, summed over its broadcast
-// dims); the backward op has a derivative of its own, so second and higher derivatives work.
+// dims: by backward_with_bias_grad, with dx, where it repeats along leading dims); the backward op has a derivative
+// of its own, so second and higher derivatives work.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/OpMathType.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -32,6 +34,16 @@ at::Tensor call_backward(const at::Tensor& y, const at::Tensor& dy, double scale
           .findSchemaOrThrow("scaled_mask_softmax::backward", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, bool, c10::string_view)>();
   return backward_op.call(y, dy, scale, is_causal, causal_variant);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_backward_with_bias_grad(const at::Tensor& y, const at::Tensor& dy, double scale,
+                                                                 bool is_causal, c10::string_view causal_variant,
+                                                                 const c10::SymInt& bias_rows) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("scaled_mask_softmax::backward_with_bias_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double,
+                                                                       bool, c10::string_view, c10::SymInt)>();
+  return op.call(y, dy, scale, is_causal, causal_variant, bias_rows);
 }
 
 at::Tensor call_backward_below_autograd(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
@@ -68,6 +80,26 @@ at::Tensor visible_part(const at::Tensor& t, bool is_causal, c10::string_view ca
   const at::Tensor visible = at::ones({rows, cols}, t.options().dtype(at::kBool))
                                  .tril(causal_variant == "lower_right" ? cols - rows : 0);
   return at::where(visible, t, at::zeros({}, t.options()));
+}
+
+// The rows of a mask of `mask_sizes` that broadcasts to scores of `sizes` over leading dims alone, with a value for
+// every key: row r of the scores then took the mask's row r % (that count). 0 where it broadcasts otherwise.
+c10::SymInt leading_broadcast_rows(c10::SymIntArrayRef mask_sizes, c10::SymIntArrayRef sizes) {
+  if (mask_sizes.empty() || mask_sizes.back() != sizes.back()) return 0;
+  const int64_t leading = static_cast<int64_t>(sizes.size() - mask_sizes.size());
+  c10::SymInt rows = 1;
+  bool broadcast = false;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
+    const c10::SymInt size = d >= leading ? mask_sizes[d - leading] : c10::SymInt(1);
+    if (size != sizes[d]) {
+      broadcast = true;
+    } else if (broadcast && size != 1) {
+      return 0;
+    } else {
+      rows *= size;
+    }
+  }
+  return rows;
 }
 
 at::Tensor row_sum(const at::Tensor& a, const at::Tensor& b) { return (a * b).sum(-1, /*keepdim=*/true); }
@@ -138,10 +170,20 @@ class ScaledMaskSoftmaxFunction : public torch::autograd::Function<ScaledMaskSof
       // A learnable bias gets d(loss)/d(scores) summed over its broadcast dims, each term formed in the type of the
       // sum: formed in a 16-bit x's dtype, the terms of a small gradient would round, many to zero, before it.
       const auto mask_dtype = ctx->saved_data["mask_dtype"].toScalarType();
+      const auto mask_sizes = ctx->saved_data["mask_sizes"].toSymIntVector();
       const auto accumulate = at::promote_types(at::promote_types(mask_dtype, y.scalar_type()), at::kFloat);
+      const c10::SymInt bias_rows = leading_broadcast_rows(mask_sizes, y.sym_sizes());
+      // Where the bias repeats along leading dims and its gradient is summed in y's compute type, one pass over y
+      // and dy gives dx and the sums. That op has no derivative of its own: where one is being formed (grad mode
+      // on, for a second derivative), the composite below runs.
+      if (bias_rows != 0 && accumulate == at::toOpMathType(y.scalar_type()) && !at::GradMode::is_enabled()) {
+        auto [fused_dx, bias_grad] = call_backward_with_bias_grad(y, dy, scale, is_causal, causal_variant, bias_rows);
+        return {needs_x ? fused_dx : at::Tensor(), bias_grad.view_symint(mask_sizes).to(mask_dtype), at::Tensor(),
+                at::Tensor(), at::Tensor()};
+      }
       const at::Tensor grad_scores =
           call_backward(y.to(accumulate), dy.to(accumulate), 1.0, is_causal, causal_variant);
-      dmask = at::sum_to(grad_scores, ctx->saved_data["mask_sizes"].toSymIntVector()).to(mask_dtype);
+      dmask = at::sum_to(grad_scores, mask_sizes).to(mask_dtype);
     }
     if (needs_x) dx = call_backward(y, dy, scale, is_causal, causal_variant);
     return {dx, dmask, at::Tensor(), at::Tensor(), at::Tensor()};

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -217,6 +218,34 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
   set_causal_limit(y, is_causal, causal_variant, p);
   p.scale = scale;
   return {y, dy, dx};
+}
+
+// backward_with_bias_grad's bias_rows: row r of y took bias row r % bias_rows.
+inline void check_bias_rows(int64_t bias_rows, const BackwardParams& p) {
+  TORCH_CHECK_VALUE(bias_rows >= 1 && p.rows % bias_rows == 0, "bias_rows must be a positive divisor of y's ",
+                    p.rows, " rows, got ", bias_rows);
+}
+
+// Sets `p` for backward_with_bias_grad's sums over the rows of each bias row in `parts` parts (at most as many as
+// those rows; p.rows > 0), and allocates them: [parts, bias_rows, cols] in y's compute type.
+inline at::Tensor make_bias_grad_parts(const at::Tensor& y, int64_t bias_rows, int64_t parts, BackwardParams& p) {
+  const int64_t repeats = p.rows / bias_rows;
+  const int64_t wanted = std::min(parts, repeats);
+  p.rows_per_part = (repeats + wanted - 1) / wanted;
+  parts = (repeats + p.rows_per_part - 1) / p.rows_per_part;
+  p.bias_rows = Divisor(bias_rows);
+  p.bias_grad_rows = parts * bias_rows;
+  at::Tensor sums = at::empty({parts, bias_rows, p.cols}, y.options().dtype(at::toOpMathType(y.scalar_type())));
+  p.bias_grad = sums.data_ptr();
+  return sums;
+}
+
+// The bias's gradient, [bias_rows, cols], from its parts' sums (make_bias_grad_parts).
+inline at::Tensor bias_grad_of_parts(const at::Tensor& sums) { return sums.size(0) == 1 ? sums[0] : sums.sum(0); }
+
+// backward_with_bias_grad's bias gradient where y has no rows: zeros.
+inline at::Tensor zero_bias_grad(const at::Tensor& y, int64_t bias_rows, const BackwardParams& p) {
+  return at::zeros({bias_rows, p.cols}, y.options().dtype(at::toOpMathType(y.scalar_type())));
 }
 
 template <typename T>

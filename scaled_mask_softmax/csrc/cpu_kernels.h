@@ -444,42 +444,75 @@ struct Engine {
   // (two rows' row_room), which the second pass reads.
   template <typename scalar_t, typename acc_t>
   SMS_CPU_INLINE static void backward_rows(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened) {
+    for (int64_t row = begin; row < end; ++row) backward_row<scalar_t, acc_t, false>(p, row, widened, nullptr);
+  }
+
+  // Groups [begin, end) of backward_with_bias_grad (BackwardParams): group g sums the score gradients of its part of
+  // the rows of bias row g % bias_rows into `sums` (row_room elements), taking dx of each, and stores them as row g
+  // of bias_grad.
+  template <typename scalar_t, typename acc_t>
+  SMS_CPU_INLINE static void bias_grad_groups(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened,
+                                              acc_t* sums) {
+    const int64_t repeats = p.rows / p.bias_rows.value;
+    for (int64_t group = begin; group < end; ++group) {
+      int64_t bias_row;
+      const int64_t part = p.bias_rows.quotient(group, bias_row);
+      std::fill(sums, sums + row_room(p.cols), acc_t(0));
+      const int64_t last = std::min(repeats, (part + 1) * p.rows_per_part);
+      for (int64_t repeat = part * p.rows_per_part; repeat < last; ++repeat) {
+        backward_row<scalar_t, acc_t, true>(p, repeat * p.bias_rows.value + bias_row, widened, sums);
+      }
+      auto* bias_grad_row = static_cast<acc_t*>(p.bias_grad) + group * p.cols;
+      for_each_vector(p.cols, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+        store<acc_t>(bias_grad_row, col, tail, p.cols, p.cols, load_lanes(sums, col));
+      });
+    }
+  }
+
+  // One row of dx; kSums: its score gradient y * (dy - sum(dy * y)) added to `sums` too, dx being scale times it.
+  template <typename scalar_t, typename acc_t, bool kSums>
+  SMS_CPU_INLINE static void backward_row(const BackwardParams& p, int64_t row, acc_t* widened, acc_t* sums) {
     constexpr bool kWiden = !std::is_same_v<scalar_t, acc_t>;
     const acc_t scale = static_cast<acc_t>(p.scale);
     const int64_t room = row_room(p.cols);
-    for (int64_t row = begin; row < end; ++row) {
-      int64_t y_start, dy_start;
-      row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
-      const auto* y_row = static_cast<const scalar_t*>(p.y) + y_start;
-      const auto* dy_row = static_cast<const scalar_t*>(p.dy) + dy_start;
-      auto* dx_row = static_cast<scalar_t*>(p.dx) + row * p.cols;
-      const int64_t visible = visible_end(p, row);
-      BlockedSum<acc_t> dot;
-      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
-        const Lanes<acc_t> y_lanes = load<acc_t>(y_row, col, tail, p.cols);
-        const Lanes<acc_t> dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
-        if constexpr (kWiden) {
-          store_lanes(widened, col, y_lanes);
-          store_lanes(widened + room, col, dy_lanes);
-        }
-        const Lanes<acc_t> terms = y_lanes * dy_lanes;
-        // Past the visible keys: nothing, whatever y and dy hold there.
-        dot.add(decltype(tail)::value ? first_lanes(terms, visible - col, acc_t(0)) : terms);
-      });
-      const acc_t row_dot = static_cast<acc_t>(dot.total());
-      for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
-        Lanes<acc_t> y_lanes, dy_lanes;
-        if constexpr (kWiden) {
-          y_lanes = load_lanes(widened, col);
-          dy_lanes = load_lanes(widened + room, col);
-        } else {
-          y_lanes = load<acc_t>(y_row, col, tail, p.cols);
-          dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
-        }
+    int64_t y_start, dy_start;
+    row_starts(p.shape, row, p.y_strides, p.dy_strides, y_start, dy_start);
+    const auto* y_row = static_cast<const scalar_t*>(p.y) + y_start;
+    const auto* dy_row = static_cast<const scalar_t*>(p.dy) + dy_start;
+    auto* dx_row = static_cast<scalar_t*>(p.dx) + row * p.cols;
+    const int64_t visible = visible_end(p, row);
+    BlockedSum<acc_t> dot;
+    for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+      const Lanes<acc_t> y_lanes = load<acc_t>(y_row, col, tail, p.cols);
+      const Lanes<acc_t> dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+      if constexpr (kWiden) {
+        store_lanes(widened, col, y_lanes);
+        store_lanes(widened + room, col, dy_lanes);
+      }
+      const Lanes<acc_t> terms = y_lanes * dy_lanes;
+      // Past the visible keys: nothing, whatever y and dy hold there.
+      dot.add(decltype(tail)::value ? first_lanes(terms, visible - col, acc_t(0)) : terms);
+    });
+    const acc_t row_dot = static_cast<acc_t>(dot.total());
+    for_each_vector(visible, [&](int64_t col, auto tail) SMS_CPU_LAMBDA_INLINE {
+      Lanes<acc_t> y_lanes, dy_lanes;
+      if constexpr (kWiden) {
+        y_lanes = load_lanes(widened, col);
+        dy_lanes = load_lanes(widened + room, col);
+      } else {
+        y_lanes = load<acc_t>(y_row, col, tail, p.cols);
+        dy_lanes = load<acc_t>(dy_row, col, tail, p.cols);
+      }
+      if constexpr (kSums) {
+        Lanes<acc_t> score_grad = y_lanes * (dy_lanes - row_dot);
+        if constexpr (decltype(tail)::value) score_grad = first_lanes(score_grad, visible - col, acc_t(0));
+        store_lanes(sums, col, load_lanes(sums, col) + score_grad);
+        store<acc_t>(dx_row, col, tail, visible, p.cols, scale * score_grad);
+      } else {
         store<acc_t>(dx_row, col, tail, visible, p.cols, scale * y_lanes * (dy_lanes - row_dot));
-      });
-      std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));
-    }
+      }
+    });
+    std::fill(dx_row + visible, dx_row + p.cols, scalar_t(0));
   }
 };
 

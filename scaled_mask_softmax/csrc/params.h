@@ -161,6 +161,13 @@ struct BackwardParams {
   int64_t output_row_stride = 0;
   // As in ForwardParams, for backward_staged.
   unsigned long long* next_row = nullptr;
+  // backward_with_bias_grad: row r's scores took bias row r % bias_rows, whose gradient, the sum of the rows' score
+  // gradients y * (dy - sum(dy * y)), is formed in the compute type in parts of up to rows_per_part of those rows
+  // each: part t's sum of bias row k is row t * bias_rows + k of bias_grad, which holds bias_grad_rows rows.
+  void* bias_grad = nullptr;
+  Divisor bias_rows;
+  int64_t rows_per_part = 0;
+  int64_t bias_grad_rows = 0;
 };
 
 // One past the last key that row `row` may see: the keys [0, visible_end) take part in its softmax.

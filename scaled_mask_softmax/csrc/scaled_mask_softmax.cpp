@@ -122,6 +122,31 @@ void forward_cpu(const ForwardParams& p) {
   });
 }
 
+template <typename scalar_t, typename acc_t>
+void bias_grad_groups(const BackwardParams& p, int64_t begin, int64_t end, acc_t* widened, acc_t* sums) {
+  BaselineEngine<acc_t>::template bias_grad_groups<scalar_t, acc_t>(p, begin, end, widened, sums);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+template <typename scalar_t, typename acc_t>
+[[gnu::target(SMS_AVX2)]] void bias_grad_groups_avx2(const BackwardParams& p, int64_t begin, int64_t end,
+                                                     acc_t* widened, acc_t* sums) {
+  EngineFor<32, true, acc_t>::template bias_grad_groups<scalar_t, acc_t>(p, begin, end, widened, sums);
+}
+
+template <typename scalar_t, typename acc_t>
+[[gnu::target(SMS_AVX512)]] void bias_grad_groups_avx512(const BackwardParams& p, int64_t begin, int64_t end,
+                                                         acc_t* widened, acc_t* sums) {
+  EngineFor<64, true, acc_t>::template bias_grad_groups<scalar_t, acc_t>(p, begin, end, widened, sums);
+}
+#endif
+
+// The buffer a task of the backward widens 16-bit rows into: none where y is in the compute type already.
+template <typename scalar_t, typename acc_t>
+std::unique_ptr<acc_t[]> widening_buffer(int64_t cols) {
+  return std::unique_ptr<acc_t[]>(std::is_same_v<scalar_t, acc_t> ? nullptr : new acc_t[2 * cpu::row_room(cols)]);
+}
+
 template <typename scalar_t>
 void backward_cpu(const BackwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -132,10 +157,25 @@ void backward_cpu(const BackwardParams& p) {
   const auto rows = backward_rows<scalar_t, acc_t>;
 #endif
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
-    // None where y is in the compute type already.
-    const std::unique_ptr<acc_t[]> widened(std::is_same_v<scalar_t, acc_t> ? nullptr
-                                                                          : new acc_t[2 * cpu::row_room(p.cols)]);
-    rows(p, begin, end, widened.get());
+    rows(p, begin, end, widening_buffer<scalar_t, acc_t>(p.cols).get());
+  });
+}
+
+// Each group (BackwardParams) sums its part of a bias row's rows, one after another: parts enough for every thread
+// to have several groups whatever the bias rows.
+template <typename scalar_t>
+void backward_with_bias_grad_cpu(const BackwardParams& p) {
+  using acc_t = at::opmath_type<scalar_t>;
+#if defined(__GNUC__) && defined(__x86_64__)
+  const auto groups = widest_build(bias_grad_groups<scalar_t, acc_t>, bias_grad_groups_avx2<scalar_t, acc_t>,
+                                   bias_grad_groups_avx512<scalar_t, acc_t>);
+#else
+  const auto groups = bias_grad_groups<scalar_t, acc_t>;
+#endif
+  const int64_t grain = std::max<int64_t>(1, rows_per_task(p.cols) / p.rows_per_part);
+  at::parallel_for(0, p.bias_grad_rows, grain, [&](int64_t begin, int64_t end) {
+    const std::unique_ptr<acc_t[]> sums(new acc_t[cpu::row_room(p.cols)]);
+    groups(p, begin, end, widening_buffer<scalar_t, acc_t>(p.cols).get(), sums.get());
   });
 }
 
@@ -164,6 +204,24 @@ at::Tensor backward_cpu_op(const at::Tensor& y, const at::Tensor& dy, double sca
   return operands.dx;
 }
 
+// Parts of each bias row's rows: four groups a thread, where there are that many rows.
+constexpr int64_t kGroupsPerThread = 4;
+
+std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cpu_op(const at::Tensor& y, const at::Tensor& dy,
+                                                                  double scale, bool is_causal,
+                                                                  c10::string_view causal_variant, int64_t bias_rows) {
+  BackwardParams p;
+  BackwardOperands operands = make_backward_params(
+      y, dy, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
+  check_bias_rows(bias_rows, p);
+  if (p.rows == 0) return {operands.dx, zero_bias_grad(y, bias_rows, p)};
+  const int64_t groups = kGroupsPerThread * at::get_num_threads();
+  const at::Tensor sums = make_bias_grad_parts(y, bias_rows, (groups + bias_rows - 1) / bias_rows, p);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward",
+                                  [&] { backward_with_bias_grad_cpu<scalar_t>(p); });
+  return {operands.dx, bias_grad_of_parts(sums)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(scaled_mask_softmax, m) {
@@ -171,12 +229,19 @@ TORCH_LIBRARY(scaled_mask_softmax, m) {
   // The backward of forward with the same scale and causal limit: hidden keys are not read, their gradient is 0.
   m.def(
       "backward(Tensor y, Tensor dy, float scale, bool is_causal=False, str causal_variant=\"upper_left\") -> Tensor");
+  // The backward, where x's scores took a learnable bias broadcast over leading dims (row r of y took its row
+  // r % bias_rows): dx, and the bias's gradient [bias_rows, Sk], the score gradients y * (dy - sum(dy * y)) of the
+  // rows that took each bias row summed in y's compute type (fp32, fp64 for fp64).
+  m.def(
+      "backward_with_bias_grad(Tensor y, Tensor dy, float scale, bool is_causal, str causal_variant, "
+      "SymInt bias_rows) -> (Tensor dx, Tensor bias_grad)");
   m.def("cpu_engine() -> (str build, int threads)", &cpu_engine);
 }
 
 TORCH_LIBRARY_IMPL(scaled_mask_softmax, CPU, m) {
   m.impl("forward", &forward_cpu_op);
   m.impl("backward", &backward_cpu_op);
+  m.impl("backward_with_bias_grad", &backward_with_bias_grad_cpu_op);
 }
 
 }  // namespace sms

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "../binding.h"
@@ -169,8 +170,63 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
   return operands.dx;
 }
 
+// Launches backward_with_bias_grad where a block's registers hold the rows, with parts enough of each bias row's
+// rows (make_bias_grad_parts) for the groups to fill the device: their sums into `sums`. False otherwise.
+template <typename scalar_t, int VEC, bool kCausal>
+bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, BackwardParams& p, at::Tensor& sums,
+                                    cudaStream_t stream) {
+  const RowPlan plan = plan_block(p.cols, VEC, bias_grad_registers_per_vector<scalar_t, VEC>,
+                                  backward_target_iters(kCausal));
+  if (!plan.in_registers) return false;
+  with_iters(plan.iters, [&](auto iters) {
+    const auto kernel = backward_with_bias_grad<scalar_t, VEC, decltype(iters)::value, kCausal>;
+    const int64_t resident_groups = int64_t{resident_blocks(kernel, plan.threads)} *
+                                    device_attribute(cudaDevAttrMultiProcessorCount) * (plan.threads / plan.width);
+    sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_groups, bias_rows), p);
+    kernel<<<blocks_for(p.bias_grad_rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+  });
+  return true;
+}
+
+std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor& y, const at::Tensor& dy,
+                                                                double scale, bool is_causal,
+                                                                c10::string_view causal_variant, int64_t bias_rows) {
+  const c10::cuda::CUDAGuard device_guard(y.device());
+  BackwardParams p;
+  BackwardOperands operands = make_backward_params(
+      y, dy, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
+  check_bias_rows(bias_rows, p);
+  if (p.rows == 0) return {operands.dx, zero_bias_grad(y, bias_rows, p)};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor sums;
+  bool launched = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward", [&] {
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool aligned = p.cols % kVec == 0 &&
+                         rows_aligned(p.y, p.y_strides, p.shape, kVec, sizeof(scalar_t)) &&
+                         rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
+    with_flag(p.is_causal, [&](auto causal) {
+      launched = aligned ? launch_backward_with_bias_grad<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream)
+                         : launch_backward_with_bias_grad<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
+    });
+  });
+  if (!launched) {
+    // Rows beyond a block's registers: the score gradients apart, in the compute type, summed by ATen.
+    const auto compute_type = at::toOpMathType(y.scalar_type());
+    const at::Tensor score_grad =
+        backward_cuda(operands.y.to(compute_type), operands.dy.to(compute_type), 1.0, is_causal, causal_variant);
+    return {backward_cuda(operands.y, operands.dy, scale, is_causal, causal_variant),
+            score_grad.reshape({-1, bias_rows, p.cols}).sum(0)};
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {operands.dx, bias_grad_of_parts(sums)};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(scaled_mask_softmax, CUDA, m) { m.impl("backward", &backward_cuda); }
+TORCH_LIBRARY_IMPL(scaled_mask_softmax, CUDA, m) {
+  m.impl("backward", &backward_cuda);
+  m.impl("backward_with_bias_grad", &backward_with_bias_grad_cuda);
+}
 
 }  // namespace sms

@@ -149,6 +149,24 @@ struct GradientRow {
     store_vector<VEC, kTwoPass>(dx, col, dx_values);
   }
 
+  // store_gradient(), dx being scale times the score gradient y * (dy - row_dot), which is added to `sums` too
+  // (backward_with_bias_grad); hidden keys add 0.
+  __device__ __forceinline__ void store_and_add_gradient(Index col, const Raw& raw, acc_t row_dot,
+                                                         acc_t (&sums)[VEC]) const {
+    if (col >= end) return;
+    acc_t y_values[VEC], dy_values[VEC], dx_values[VEC];
+    widen(raw.y, y_values);
+    widen(raw.dy, dy_values);
+    const Index visible = visible_in(col);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const acc_t score_grad = kCausal && v >= visible ? acc_t(0) : y_values[v] * (dy_values[v] - row_dot);
+      sums[v] += score_grad;
+      dx_values[v] = scale * score_grad;
+    }
+    store_vector<VEC, kTwoPass>(dx, col, dx_values);
+  }
+
   // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     if (col >= end) return;
@@ -181,9 +199,11 @@ constexpr int backward_min_blocks =
     min_blocks_for(kBackwardIn64Registers<scalar_t, VEC, ITERS>, backward_max_threads<scalar_t, VEC, ITERS>);
 
 // One row in registers: ITERS vectors of VEC elements of y and of dy a thread of `cover`; one reduction over the
-// threads that share the row by `reduce(value, op, identity)`, one read of y and dy, one write of dx.
-template <int VEC, int ITERS, typename Row, typename Reduce>
-__device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCover& cover, Reduce&& reduce) {
+// threads that share the row by `reduce(value, op, identity)`, one read of y and dy, then store(i, col, raw,
+// row_dot) for each vector (by default, its dx).
+template <int VEC, int ITERS, typename Row, typename Reduce, typename Store>
+__device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCover& cover, Reduce&& reduce,
+                                                      Store&& store) {
   using acc_t = typename Row::acc_t;
   // Every vector loaded, clamped, as in the forward: left unset where a conditional load brought nothing, the
   // array cost registers (ptxas, sm_90: bf16 at four vectors a thread 84 against 64).
@@ -195,7 +215,14 @@ __device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCov
   for (int i = 0; i < ITERS; ++i) local_dot += g.dot(cover.column(i, VEC), raw[i]);
   const acc_t row_dot = reduce(local_dot, SumOp(), acc_t(0));
 #pragma unroll
-  for (int i = 0; i < ITERS; ++i) g.store_gradient(cover.column(i, VEC), raw[i], row_dot);
+  for (int i = 0; i < ITERS; ++i) store(i, cover.column(i, VEC), raw[i], row_dot);
+}
+
+template <int VEC, int ITERS, typename Row, typename Reduce>
+__device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCover& cover, Reduce&& reduce) {
+  gradient_in_registers<VEC, ITERS>(g, cover, reduce, [&](int, int col, const auto& raw, auto row_dot) {
+    g.store_gradient(col, raw, row_dot);
+  });
 }
 
 // Rows in registers: `width` threads per row (a group of lanes, or the whole block).
@@ -215,6 +242,55 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
     Row g(p, stored ? row : p.rows - 1);
     if (!stored) g.clip(0);
     gradient_in_registers<VEC, ITERS>(g, cover, reduce);
+  }
+}
+
+// Registers a vector of backward_with_bias_grad's rows costs a thread: y and dy as backward_in_registers holds them,
+// and the vector's sums in the compute type.
+template <typename scalar_t, int VEC>
+constexpr int bias_grad_registers_per_vector =
+    registers_for<scalar_t>(VEC, 2) + registers_for<at::opmath_type<scalar_t>>(VEC, 1);
+
+template <typename scalar_t, int VEC, int ITERS>
+constexpr int bias_grad_max_threads = max_threads_for(ITERS * bias_grad_registers_per_vector<scalar_t, VEC>);
+
+// The backward where the scores took a learnable bias (backward_with_bias_grad, BackwardParams), rows in registers:
+// each group of `width` threads takes a group of sums, its part of one bias row's rows, a row after another as
+// backward_in_registers takes them, adding each row's score gradient to its sums in registers as it stores dx; then
+// stores the sums, once. y and dy are read once, dx and the sums written once, where autograd's composite formed the
+// score gradients apart, in fp32, and summed them in a kernel of its own.
+template <typename scalar_t, int VEC, int ITERS, bool kCausal>
+__global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, ITERS>)
+    backward_with_bias_grad(const BackwardParams p, const int width) {
+  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
+  using acc_t = typename Row::acc_t;
+  __shared__ acc_t shared[kWarp];
+  const RowCover cover(width);
+  const auto reduce = [&](acc_t value, auto op, acc_t identity) {
+    return row_reduce(value, op, identity, width, shared);
+  };
+  const int64_t repeats = p.bias_rows.quotient(p.rows);
+  for (int64_t group = cover.first_row(); warp_has_row(group < p.bias_grad_rows); group += cover.row_step()) {
+    // A group of lanes past the last group goes round with the others (warp_has_row) on the last group's rows, as
+    // many, and stores nothing; as does every group past the rows of its bias row (the last part's).
+    const bool stored = group < p.bias_grad_rows;
+    int64_t bias_row;
+    const int64_t first = p.bias_rows.quotient(stored ? group : p.bias_grad_rows - 1, bias_row) * p.rows_per_part;
+    acc_t sums[ITERS][VEC] = {};
+    for (int64_t repeat = first; repeat < first + p.rows_per_part; ++repeat) {
+      Row g(p, (repeat < repeats ? repeat : repeats - 1) * p.bias_rows.value + bias_row);
+      if (!stored || repeat >= repeats) g.clip(0);
+      gradient_in_registers<VEC, ITERS>(g, cover, reduce, [&](int i, int col, const auto& raw, acc_t row_dot) {
+        g.store_and_add_gradient(col, raw, row_dot, sums[i]);
+      });
+    }
+    if (!stored) continue;
+    acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * p.cols;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int col = cover.column(i, VEC);
+      if (col < p.cols) store_vector<VEC, false>(bias_grad, col, sums[i]);
+    }
   }
 }
 

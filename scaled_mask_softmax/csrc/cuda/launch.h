@@ -239,6 +239,17 @@ int resident_sm90_blocks(Kernel kernel, int threads, int64_t shared_bytes) {
   });
 }
 
+// Blocks of `kernel` (of `threads` threads, no dynamic shared memory) that a multiprocessor of the current device
+// holds at once.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads) {
+  return remembered(reinterpret_cast<const void*>(kernel), threads, 1, 0, [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+    return blocks;
+  });
+}
+
 // Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to a row;
 // false where the kernel has no sm_90 code or the device holds no such cluster. `shared_bytes`: the dynamic shared
 // memory of a staged kernel's blocks (staged.cuh), which loop over rows in a grid the device holds at once.
