@@ -322,6 +322,25 @@ def test_learnable_bias_gradients(device, dtype, cols, bias_shape, is_causal):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias_shape, create_graph, ops", [
+    ((1, 3, 4, 16), False, ["backward_with_bias_grad"]),
+    ((4, 16), False, ["backward_with_bias_grad"]),
+    ((3, 1, 16), False, ["backward", "backward"]),
+    ((1, 3, 4, 16), True, ["backward", "backward"]),
+], ids=["heads", "queries", "heads_keys", "create_graph"])
+def test_learnable_bias_backward_ops(device, bias_shape, create_graph, ops):
+    """A bias that repeats along leading dims has dx and its gradient from one op; one that repeats otherwise, or
+    whose backward is to be differentiated again, takes the backward op twice (the score gradients, then dx)."""
+    x = random_scores((2, 3, 4, 16), torch.float32, device).requires_grad_()
+    bias = random_scores(bias_shape, torch.float32, device, generator_seed=4).requires_grad_()
+    y = sms.scaled_mask_softmax(x, bias, 0.5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        torch.autograd.grad(y, (x, bias), torch.ones_like(y), create_graph=create_graph)
+    prefix = "scaled_mask_softmax::"
+    assert [event.name[len(prefix):] for event in profile.events() if event.name.startswith(prefix)] == ops
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_with_bias_grad_op(device, dtype):
     """The op autograd takes for a bias that repeats along leading dims: dx as the backward op gives it, and each bias
