@@ -2,7 +2,7 @@
 
 Each mask form of the benchmark (none, a full additive mask, causal, both, a bool key-padding mask [B,1,1,Sk], a
 bias [1,H,Sq,Sk]) in fp32, fp16 and bf16 at 128, 512 and 1024 columns, on every available device, forward and
-backward; exits 0 only if every row passes.
+backward, and the bias's gradient (it is learnable); exits 0 only if every row passes.
 """
 import argparse
 
@@ -68,18 +68,27 @@ def check_case(device, dtype, row_length, mask_name, generator):
     x, dy = x.to(device), dy.to(device)
     mask = None if mask is None else mask.to(device)
 
+    learnable = mask_name == "bias"
     x_ours = x.clone().requires_grad_()
-    y = scaled_mask_softmax(x_ours, mask, SCALE, is_causal)
+    mask_ours = mask.clone().requires_grad_() if learnable else mask
+    y = scaled_mask_softmax(x_ours, mask_ours, SCALE, is_causal)
     y.backward(dy)
 
     x_reference = x.double().requires_grad_()
-    y_reference = scaled_mask_softmax_reference(x_reference, mask, SCALE, is_causal)
+    mask_reference = mask.double().requires_grad_() if learnable else mask
+    y_reference = scaled_mask_softmax_reference(x_reference, mask_reference, SCALE, is_causal)
     y_reference.backward(dy.double())
 
-    return [
+    rows = [
         ("fwd", max_abs_error(y.detach(), y_reference.detach()), FORWARD_TOLERANCE[dtype]),
         ("bwd", max_abs_error(x_ours.grad, x_reference.grad), backward_tolerance(dtype, SCALE, dy)),
     ]
+    if learnable:
+        # The scores' gradient without the scale, summed over the batch: each term within the backward's
+        # tolerance at scale 1, the sum within batch times that.
+        rows.append(("bias", max_abs_error(mask_ours.grad, mask_reference.grad),
+                     batch * backward_tolerance(dtype, 1.0, dy)))
+    return rows
 
 
 def available_devices():
