@@ -12,7 +12,8 @@ mask is whole 16-byte words), and the two-pass kernels, a block per row (causal 
 cluster (the other forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal
 rows that see few of their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN
 where a row saw a NaN).
-Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one.
+Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
+learnable bias (backward_with_bias_grad).
 """
 import sys
 
@@ -49,6 +50,24 @@ def failed(x, mask, mask_name, is_causal, causal_variant):
     return True
 
 
+def learnable_bias_failed(dtype, cols, is_causal):
+    """A bias [3, cols] shared by a batch of 5 rows each (backward_with_bias_grad: a group of lanes, a block, element
+    by element at 7 columns, and beyond a block's registers at 9000), its gradient against the reference's."""
+    x = torch.randn(5, 3, cols, device="cuda", dtype=dtype).requires_grad_()
+    bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    bias = torch.randn(3, cols, device="cuda", dtype=bias_dtype).requires_grad_()
+    dy = torch.randn_like(x)
+    sms.scaled_mask_softmax(x, bias, 0.5, is_causal, "lower_right").backward(dy)
+    bias64 = bias.detach().double().requires_grad_()
+    expected = scaled_mask_softmax_reference(x.detach().double(), bias64, 0.5, is_causal, "lower_right")
+    expected.backward(dy.double())
+    error = (bias.grad.double() - bias64.grad).abs().max().item()
+    if error <= TOLERANCE[dtype] * bias64.grad.abs().max().item():
+        return False
+    print(f"FAIL {dtype} cols={cols} learnable bias causal={is_causal}: bias gradient off by {error:.3g}")
+    return True
+
+
 def main() -> int:
     failures = 0
     for dtype in DTYPES:
@@ -79,6 +98,9 @@ def main() -> int:
     x = torch.randn(400, 16384, device="cuda").requires_grad_()
     for is_causal in (False, True):
         failures += failed(x, None, "none", is_causal, "lower_right")
+    for dtype in DTYPES:
+        for cols in (7, 64, 1000, 8192, 9000):
+            failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")
     return 1 if failures else 0
