@@ -403,6 +403,41 @@ def test_cuda_graph_capture_and_replay(shape, with_mask, causal_variant):
         assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, torch.bfloat16, 0.5)
 
 
+# A learnable bias's backward (backward_with_bias_grad) captured and replayed, and run again eagerly, bit for bit the
+# same: a bias of one row, all 2048 rows' (summed in as many parts as fill the device, which ATen adds), one shared by
+# a batch of four (parts of up to four rows each), and one of x's shape (one part).
+@pytest.mark.parametrize("bias_shape", [(128,), (1, 8, 64, 128), (4, 8, 64, 128)], ids=["keys", "heads", "full"])
+def test_learnable_bias_in_cuda_graphs_and_deterministic(bias_shape):
+    x = random_scores((4, 8, 64, 128), torch.bfloat16, "cuda").requires_grad_()
+    bias = random_scores(bias_shape, torch.float32, "cuda", generator_seed=1).requires_grad_()
+    dy = random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=2)
+
+    def gradients():
+        x.grad = bias.grad = None
+        sms.scaled_mask_softmax(x, bias, 0.5).backward(dy)
+        return x.grad, bias.grad
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up outside the graph, as CUDA graph capture requires
+            gradients()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dx, dbias = gradients()
+    for seed in (3, 4):
+        with torch.no_grad():
+            x.copy_(random_scores(x.shape, torch.bfloat16, "cuda", generator_seed=seed))
+        graph.replay()
+        replayed = dx.clone(), dbias.clone()
+        eager = gradients()
+        assert torch.equal(eager[0], replayed[0]) and torch.equal(eager[1], replayed[1])
+        _, dx_ref, dbias_ref = reference_forward_backward(x, bias, 0.5, False, "upper_left", dy)
+        assert_close_to(replayed[0], dx_ref, torch.bfloat16, scale=4)
+        assert_close_to(replayed[1], dbias_ref, torch.bfloat16, scale=4 * x.numel() // bias.numel())
+
+
 # Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
 # 512 and 8192 columns: one and two vectors a thread of 512; at 8200 and 16,384 in blocks of 1024; fp32 at 256, 4096
 # and 8192), and their neighbours outside, which the register kernels take (bf16 at 504 and 16,392, fp32 at 252 and
