@@ -222,8 +222,9 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
 
 // backward_with_bias_grad's bias_rows: row r of y took bias row r % bias_rows.
 inline void check_bias_rows(int64_t bias_rows, const BackwardParams& p) {
+  // Numbers through std::to_string, as in shape_string.
   TORCH_CHECK_VALUE(bias_rows >= 1 && p.rows % bias_rows == 0, "bias_rows must be a positive divisor of y's ",
-                    p.rows, " rows, got ", bias_rows);
+                    std::to_string(p.rows), " rows, got ", std::to_string(bias_rows));
 }
 
 // Sets `p` for backward_with_bias_grad's sums over the rows of each bias row in `parts` parts (at most as many as
