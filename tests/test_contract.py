@@ -345,9 +345,9 @@ def test_learnable_bias_backward_ops(device, bias_shape, create_graph, ops):
 def test_backward_with_bias_grad_op(device, dtype):
     """The op autograd takes for a bias that repeats along leading dims: dx as the backward op gives it, and each bias
     row's score gradients y * (dy - sum(dy * y)) summed in the compute type; a bias_rows that is no divisor of the
-    rows is refused."""
+    rows is refused. dy is a view whose rows are spaced apart, read through its strides."""
     y = sms.scaled_mask_softmax(random_scores((6, 4, 40), dtype, device), None, 1.0, True, "lower_right")
-    dy = random_scores(y.shape, dtype, device, generator_seed=1)
+    dy = random_scores((4, 6, 40), dtype, device, generator_seed=1).transpose(0, 1)
     dx, bias_grad = torch.ops.scaled_mask_softmax.backward_with_bias_grad(y, dy, 0.5, True, "lower_right", 8)
     compute_type = torch.float64 if dtype == torch.float64 else torch.float32
     assert bias_grad.shape == (8, 40) and bias_grad.dtype == compute_type
