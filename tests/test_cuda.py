@@ -245,6 +245,53 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
             assert_matches_reference_with(x, mask_form, 0.7)
 
 
+# Rows that start mid-vector (a row length not a whole number of 16-byte vectors), read from the vector boundary
+# before each row by the register kernels (kShifted): ViT's 197 columns, Swin's 49, a decoding step's 1037 keys, and
+# rows up to the longest a block holds (bf16 8191, fp32 4095); causal ones among them short of kCausalTwoPassColumns.
+# A key-padding mask's rows start elsewhere in their vectors than x's (read element by element), a bias's in some
+# rows and not others; a full mask's as x's (read in vectors). The second batch all masked by the key-padding mask.
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 3, 5, 197)), (torch.float16, (2, 4, 3, 49)),
+                                          (torch.float32, (2, 3, 5, 197)), (torch.bfloat16, (2, 8, 1, 1037)),
+                                          (torch.bfloat16, (2, 2, 3, 8191)), (torch.float32, (2, 2, 3, 4095)),
+                                          (torch.float16, (2, 3, 33, 3))])
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias", "causal"])
+def test_rows_that_start_mid_vector(dtype, shape, mask_form):
+    assert_matches_reference_with(random_scores(shape, dtype, "cuda").requires_grad_(), mask_form, 0.7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rows_that_start_mid_vector_with_a_full_mask(dtype, mask_dtype, is_causal):
+    """A mask of x's shape starts each row as far into its vector as x's, and is read in vectors with it; rows all
+    masked come out zero."""
+    x = random_scores((2, 3, 7, 197), dtype, "cuda").requires_grad_()
+    if mask_dtype == torch.bool:
+        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
+        mask[0, 1, 2] = False
+    else:
+        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
+        mask[0, 1, 2] = float("-inf")
+    y = assert_forward_backward_match(x, mask, 0.5, is_causal)
+    assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+
+
+@pytest.mark.parametrize("x_offset, dy_offset", [(1, 0), (0, 3), (8, 8)])
+def test_rows_that_start_mid_vector_unlike_the_output(x_offset, dy_offset):
+    """x (or dy) starting `offset` elements into a 16-byte vector: its rows start elsewhere in their vectors than y's
+    (or dx's), except at an offset of a whole vector, and are read element by element instead."""
+    shape, cols = (3, 5, 197), 197
+    x = random_scores((shape[0] * shape[1] * cols + 16,), torch.bfloat16, "cuda")
+    x = x[x_offset:x_offset + shape[0] * shape[1] * cols].view(shape).requires_grad_()
+    assert x.data_ptr() % 16 == x_offset * 2 % 16
+    y = sms.scaled_mask_softmax(x, None, 0.5)
+    dy_storage = random_scores((x.numel() + 16,), torch.bfloat16, "cuda", generator_seed=1)
+    dy = dy_storage[dy_offset:dy_offset + x.numel()].view(shape)
+    y.backward(dy)
+    y_ref, dx_ref, _ = reference_forward_backward(x, None, 0.5, False, "upper_left", dy)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, torch.bfloat16, 0.5)
+
+
 # Rows that forward_staged_in_cluster takes on sm_90 (those the cluster register kernels would), each block's slice
 # brought into shared memory a row ahead, eight vectors a thread: bf16 at 65,536 columns in 2 blocks, at 131,080 and
 # 262,144 in 8 (131,080: the last slice partly filled); fp32 at 65,536 in 4, at 100,000 in 8. With an fp32 bias, in

@@ -177,6 +177,11 @@ inline ForwardOperands make_forward_params(const at::Tensor& x_in, const std::op
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.x_strides = strides[0];
   p.mask_strides = mask.kind == MaskKind::kNone ? RowStrides{} : strides[1];
+  p.x_end = static_cast<const char*>(p.x) + rows_extent(p.shape, p.x_strides, p.cols) * x.element_size();
+  if (p.mask != nullptr) {
+    p.mask_end =
+        static_cast<const char*>(p.mask) + rows_extent(p.shape, p.mask_strides, p.cols) * mask.expanded.element_size();
+  }
   set_causal_limit(x, is_causal, causal_variant, p);
   p.scale = scale;
   return {x, mask.expanded, y, mask.kind};
@@ -215,6 +220,8 @@ inline BackwardOperands make_backward_params(const at::Tensor& y_in, const at::T
   p.rows = p.cols == 0 ? 0 : y.numel() / p.cols;
   p.y_strides = strides[0];
   p.dy_strides = strides[1];
+  p.y_end = static_cast<const char*>(p.y) + rows_extent(p.shape, p.y_strides, p.cols) * y.element_size();
+  p.dy_end = static_cast<const char*>(p.dy) + rows_extent(p.shape, p.dy_strides, p.cols) * dy.element_size();
   set_causal_limit(y, is_causal, causal_variant, p);
   p.scale = scale;
   return {y, dy, dx};

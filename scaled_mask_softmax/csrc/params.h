@@ -118,6 +118,21 @@ struct RowOrder {
   }
 };
 
+// One past the last element of an operand that its rows reach: the start of its last row (strides are not negative,
+// so every index at its largest) plus `cols`.
+inline int64_t rows_extent(const RowShape& shape, const RowStrides& strides, int64_t cols) {
+  int64_t last = 0;
+  for (int d = 0; d < shape.dims; ++d) last += (shape.size[d].value - 1) * strides.stride[d];
+  return last + cols;
+}
+
+// An operand's last bytes from `from` (a 16-byte boundary) on, copied to `copy` (another) and padded to whole
+// 16-byte vectors past the operand's end: what rows that start mid-vector read where their vectors would pass it.
+struct TailCopy {
+  const void* from = nullptr;
+  const void* copy = nullptr;
+};
+
 // y = softmax(x * scale + mask) over rows of `cols` elements; row r of y starts at r * output_row_stride.
 struct ForwardParams {
   const void* x;
@@ -136,6 +151,11 @@ struct ForwardParams {
   double scale;
   // cols, but where a launch takes only the keys before some column (narrowed_to_visible): y's own row length.
   int64_t output_row_stride = 0;
+  // One past x's and the mask's last elements (rows_extent): rows that start mid-vector read x's vectors that would
+  // pass it from x_tail, set at their launch, and the mask's element by element (RowStart).
+  const void* x_end = nullptr;
+  const void* mask_end = nullptr;
+  TailCopy x_tail;
   // A zeroed counter from which a launch's blocks draw their rows in order, set at its launch: forward_staged's
   // (for_each_drawn_row, by launch_staged) and forward_staged_in_cluster's in clusters of two
   // (for_each_cluster_drawn_row).
@@ -159,6 +179,11 @@ struct BackwardParams {
   double scale;
   // As in ForwardParams, for dx.
   int64_t output_row_stride = 0;
+  // As in ForwardParams, for y and dy.
+  const void* y_end = nullptr;
+  const void* dy_end = nullptr;
+  TailCopy y_tail;
+  TailCopy dy_tail;
   // As in ForwardParams, for backward_staged.
   unsigned long long* next_row = nullptr;
   // backward_with_bias_grad: row r's scores took bias row r % bias_rows, whose gradient, the sum of the rows' score

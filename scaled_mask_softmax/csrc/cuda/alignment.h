@@ -1,5 +1,9 @@
-// Whether every row of an operand may be read in vectors of `vec` elements.
+// Whether every row of an operand may be read in vectors of `vec` elements, or from the vector boundary before it.
 #pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -16,6 +20,21 @@ inline bool rows_aligned(const void* data, const RowStrides& strides, const RowS
   return true;
 }
 
+// Whether every row of operand `a` starts as far into a vector of `vec` elements as the same row of operand `b`,
+// both starting on a vector boundary: then a kernel may read and write both from the vector boundary before each
+// row's start (rows that start mid-vector, ScoreLoader's and GradientRow's kShifted).
+inline bool rows_shifted_alike(const void* a, const RowStrides& a_strides, const void* b, const RowStrides& b_strides,
+                               const RowShape& shape, int vec, int element_bytes) {
+  const auto vector_bytes = static_cast<uintptr_t>(vec) * element_bytes;
+  if (reinterpret_cast<uintptr_t>(a) % vector_bytes != 0 || reinterpret_cast<uintptr_t>(b) % vector_bytes != 0) {
+    return false;
+  }
+  for (int d = 0; d < shape.dims; ++d) {
+    if (shape.size[d].value > 1 && (a_strides.stride[d] - b_strides.stride[d]) % vec != 0) return false;
+  }
+  return true;
+}
+
 // Contiguous rows of `cols` (the outputs) start aligned when cols is a multiple of vec.
 inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
   RowStrides strides{};
@@ -25,6 +44,39 @@ inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
     stride *= shape.size[d].value;
   }
   return strides;
+}
+
+// The most bytes the vectors of a row of `cols` that starts mid-vector span.
+template <typename scalar_t, int VEC>
+int64_t shifted_span_bytes(int64_t cols) {
+  return (cols + 2 * VEC - 2) / VEC * VEC * static_cast<int64_t>(sizeof(scalar_t));
+}
+
+// The copy of an operand's last bytes (TailCopy) that rows that start mid-vector, whose vectors span at most
+// `span_bytes`, read where their vectors would pass the operand's `end`, made on `stream`: from the 16-byte boundary
+// at or before the first vector of any such row (none starts before `data`, a boundary) to `end`, padded with zeros
+// to the next boundary. None (an undefined tensor, `tail` left unset) where `end` is a boundary itself. The returned
+// tensor holds the copy; stream-ordered, it may be freed once the launch that reads it is on the stream.
+inline at::Tensor copy_tail(const void* data, const void* end, int64_t span_bytes, TailCopy& tail,
+                            cudaStream_t stream) {
+  const auto end_address = reinterpret_cast<uintptr_t>(end);
+  if (end_address % 16 == 0) return {};
+  const auto data_address = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t lowest = end_address - data_address > static_cast<uintptr_t>(span_bytes)
+                               ? end_address - static_cast<uintptr_t>(span_bytes)
+                               : data_address;
+  const uintptr_t from = lowest / 16 * 16;
+  const auto bytes = static_cast<int64_t>(end_address - from);
+  const int64_t padded = (bytes + 15) / 16 * 16;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  at::Tensor copy = at::empty({padded}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+  auto* const bytes_of_copy = static_cast<char*>(copy.data_ptr());
+  C10_CUDA_CHECK(cudaMemcpyAsync(bytes_of_copy, reinterpret_cast<const void*>(from), bytes, cudaMemcpyDeviceToDevice,
+                                 stream));
+  C10_CUDA_CHECK(cudaMemsetAsync(bytes_of_copy + bytes, 0, padded - bytes, stream));
+  tail = {reinterpret_cast<const void*>(from), bytes_of_copy};
+  return copy;
 }
 
 }  // namespace sms

@@ -147,6 +147,35 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   with_flag(p.is_causal, [&](auto causal) { backward_ladder<scalar_t, VEC, causal()>(p, stream); });
 }
 
+// Launches backward_in_registers on rows that start mid-vector, as launch_shifted the forward's: where dy's and dx's
+// rows start as far into a vector as y's and whole rows fit a block's registers; false otherwise. Not fp64.
+template <typename scalar_t, int VEC>
+bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
+  if constexpr (sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    if (!rows_shifted_alike(p.y, p.y_strides, p.dy, p.dy_strides, p.shape, VEC, sizeof(scalar_t)) ||
+        !rows_shifted_alike(p.y, p.y_strides, p.dx, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
+                            sizeof(scalar_t))) {
+      return false;
+    }
+    return with_flag(p.is_causal, [&](auto causal) {
+      const RowPlan plan =
+          plan_block(p.cols + VEC - 1, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(causal()));
+      if (!plan.in_registers) return false;
+      BackwardParams shifted = p;
+      const int64_t span_bytes = shifted_span_bytes<scalar_t, VEC>(p.cols);
+      const at::Tensor y_tail = copy_tail(p.y, p.y_end, span_bytes, shifted.y_tail, stream);
+      const at::Tensor dy_tail = copy_tail(p.dy, p.dy_end, span_bytes, shifted.dy_tail, stream);
+      with_iters(plan.iters, [&](auto iters) {
+        backward_in_registers<scalar_t, VEC, decltype(iters)::value, causal(), /*kShifted=*/true>
+            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
+      });
+      return true;
+    });
+  }
+}
+
 at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
                          c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(y.device());
@@ -162,7 +191,7 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
                          rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
     if (aligned) {
       backward_ladder<scalar_t, kVec>(p, stream);
-    } else {
+    } else if (!launch_backward_shifted<scalar_t, kVec>(p, stream)) {
       backward_ladder<scalar_t, 1>(p, stream);
     }
   });

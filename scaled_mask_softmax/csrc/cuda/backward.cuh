@@ -14,9 +14,11 @@ namespace sms {
 // One row of y, dy and dx; y and dy are held as loaded (16-bit types stay packed, half the registers).
 // kCausal: the row has a causal limit, past which nothing is read and dx is 0. Without one the per-vector checks
 // are left out at compile time: they cost the 16-bit backward registers and 5-15% of its speed. Index: the type
-// of a column, int where rows are short enough (the register kernels), as in ScoreLoader.
-template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t>
-struct GradientRow {
+// of a column, int where rows are short enough (the register kernels), as in ScoreLoader. kShifted: the row may start
+// mid-vector, as ScoreLoader's, and dy's and dx's rows as far into theirs as y's (rows_shifted_alike).
+template <typename scalar_t, int VEC, bool kCausal, typename Index = int64_t, bool kShifted = false>
+struct GradientRow : RowStart<Index, kShifted> {
+  using RowStart<Index, kShifted>::first;
   using acc_t = at::opmath_type<scalar_t>;
   // The two-pass kernel's rows, the ones indexed in 64 bits, whose second pass reads its slice from L2: their
   // loads are cached as each pass says (PassCaching, as ScoreLoader's), and their stores are streaming (store_bits).
@@ -44,6 +46,14 @@ struct GradientRow {
     y = static_cast<const scalar_t*>(p.y) + y_start;
     dy = static_cast<const scalar_t*>(p.dy) + dy_start;
     dx = static_cast<scalar_t*>(p.dx) + output_row_start<kCausal>(p, row);
+    if constexpr (kShifted) {
+      first = lead_of<VEC>(y);
+      y = this->template read_from<VEC>(y - first, end, p.y_end, p.y_tail);
+      dy = this->template read_from<VEC>(dy - first, end, p.dy_end, p.dy_tail);
+      dx -= first;
+      end += first;
+      visible_end += first;
+    }
     pin_addresses();
   }
 
@@ -120,15 +130,15 @@ struct GradientRow {
     for (int v = 0; v < VEC; ++v) dx_values[v] = scale * y_values[v] * (dy_values[v] - row_dot);
   }
 
-  // The sum of dy * y over the vector's first `count` elements (count >= VEC: all).
-  __device__ __forceinline__ acc_t products(const Raw& raw, Index count) const {
+  // The sum of dy * y over the vector's first `count` elements (count >= VEC: all) but the `before` first.
+  __device__ __forceinline__ acc_t products(const Raw& raw, Index count, Index before = 0) const {
     acc_t y_values[VEC], dy_values[VEC];
     widen(raw.y, y_values);
     widen(raw.dy, dy_values);
     acc_t sum = 0;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-      if (count >= VEC || v < count) sum += y_values[v] * dy_values[v];
+      if ((count >= VEC || v < count) && v >= before) sum += y_values[v] * dy_values[v];
     }
     return sum;
   }
@@ -139,6 +149,7 @@ struct GradientRow {
   __device__ __forceinline__ acc_t dot(Index col, const Raw& raw) const {
     const Index visible = visible_in(col);
     if (visible <= 0) return 0;
+    if constexpr (kShifted) return products(raw, visible, first - col);
     return products(raw, kCausal ? visible : VEC);
   }
 
@@ -179,7 +190,11 @@ struct GradientRow {
         if (v >= visible) dx_values[v] = 0;
       }
     }
-    store_vector<VEC, kTwoPass>(dx, col, dx_values);
+    if constexpr (kShifted) {
+      store_vector_within<VEC, kTwoPass>(dx, col, dx_values, first, end);
+    } else {
+      store_vector<VEC, kTwoPass>(dx, col, dx_values);
+    }
   }
 };
 
@@ -225,12 +240,12 @@ __device__ __forceinline__ void gradient_in_registers(const Row& g, const RowCov
   });
 }
 
-// Rows in registers: `width` threads per row (a group of lanes, or the whole block).
-template <typename scalar_t, int VEC, int ITERS, bool kCausal>
+// Rows in registers: `width` threads per row (a group of lanes, or the whole block). kShifted: as GradientRow's.
+template <typename scalar_t, int VEC, int ITERS, bool kCausal, bool kShifted = false>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
                                   backward_min_blocks<scalar_t, VEC, ITERS>)
     backward_in_registers(const BackwardParams p, const int width) {
-  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
+  using Row = GradientRow<scalar_t, VEC, kCausal, int, kShifted>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);

@@ -265,6 +265,7 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   // Only for 16-byte vectors, whose stores say they are global (store_bits); element-wise ones would turn generic.
   if constexpr (VEC * sizeof(scalar_t) == 16) y = row_address(y);
   if constexpr (kConvertFirst) {
+    static_assert(!Loader::kShiftedRows, "rows that start mid-vector are stored a vector at a time");
     // Every vector converted, in registers of its own, before any is stored. Left to itself, the compiler converts
     // each vector at its store into the registers of the one before, and so waits for that store to read them
     // (SASS, sm_90; benchmarks/NOTES.md, v75 and v76).
@@ -288,19 +289,28 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s[i][v] *= inverse;
     // Not streamed (store_bits): stored plain, rows of 128-65,536 columns measured up to 2.2% faster (v57).
-    if (col < store_end) store_vector<VEC, /*kEvictFirst=*/false>(y, col, s[i]);
+    if constexpr (Loader::kShiftedRows) {
+      store_vector_within<VEC, /*kEvictFirst=*/false>(y, col, s[i], loader.first, store_end);
+    } else if (col < store_end) {
+      store_vector<VEC, /*kEvictFirst=*/false>(y, col, s[i]);
+    }
   }
 }
 
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+// kShifted: rows that start mid-vector (forward_in_registers'); with a 16-bit mask, those held to 64 registers spilled
+// 8-66 bytes (ptxas, sm_90).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted = false>
 constexpr int forward_min_blocks =
-    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS>, forward_max_threads<scalar_t, VEC, ITERS>);
+    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS> && !(kShifted && mask_bytes_v<mask_t> == 2),
+                   forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
-// the rows have a causal limit; kOneReduction (fp32 scores only): as softmax_in_registers.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
+// the rows have a causal limit; kOneReduction (fp32 scores only): as softmax_in_registers; kShifted: rows may start
+// mid-vector, as ScoreLoader's, and y's rows as far into theirs as x's (rows_shifted_alike).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction,
+          bool kShifted = false>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS>)
+                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kShifted>)
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kOneReduction || std::is_same_v<acc_t, float>, "one reduction packs fp32 max and sum");
@@ -317,11 +327,12 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
        visit += cover.row_step()) {
     const bool stored = !kGroups || visit < p.rows;
     const int64_t row = p.order.row<kCausal>(stored ? visit : p.rows - 1);
+    const ScoreLoader<scalar_t, mask_t, acc_t, VEC, int, kShifted> loader(p, row, kCausal);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
-        ScoreLoader<scalar_t, mask_t, acc_t, VEC, int>(p, row, kCausal), cover, reduce,
-        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row), stored ? static_cast<int>(p.cols) : 0,
-        stored ? static_cast<int>(p.output_row_stride) : 0);
+        loader, cover, reduce, static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row) - loader.first,
+        stored ? loader.first + static_cast<int>(p.cols) : 0,
+        stored ? loader.first + static_cast<int>(p.output_row_stride) : 0);
   }
 }
 

@@ -137,8 +137,9 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 }
 
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
-template <typename scalar_t, typename mask_t, int VEC>
+// them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched. kShifted: rows that
+// start mid-vector (forward_in_registers'), which forward_staged does not take.
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
@@ -148,11 +149,12 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
     constexpr int kIters = decltype(iters)::value;
     return with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
+        if (!kShifted &&
+            launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
           return true;
         }
         if (!unstaged_too) return false;
-        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         return true;
       };
@@ -207,6 +209,28 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   });
 }
 
+// Launches forward_in_registers on rows that start mid-vector, read from the vector boundary before each row's start,
+// where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
+// rows short of kCausalTwoPassColumns); false otherwise. Such rows read element by element (VEC 1) measured 4-8 times
+// the floor at 49 and 197 columns (benchmarks/NOTES.md, v101). Not fp64, whose rows are rarely that short.
+template <typename scalar_t, typename mask_t, int VEC>
+bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    if (!rows_shifted_alike(p.x, p.x_strides, p.y, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
+                            sizeof(scalar_t))) {
+      return false;
+    }
+    const RowPlan plan = plan_block(p.cols + VEC - 1, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1));
+    if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
+    ForwardParams shifted = p;
+    const at::Tensor x_tail =
+        copy_tail(p.x, p.x_end, shifted_span_bytes<scalar_t, VEC>(p.cols), shifted.x_tail, stream);
+    return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true, stream);
+  }
+}
+
 }  // namespace
 
 // Declared in forward_launch.h; instantiated once a dtype, in forward_<dtype>.cu.
@@ -214,7 +238,8 @@ template <typename scalar_t>
 void launch_forward(const ForwardParams& p, MaskKind mask_kind, cudaStream_t stream) {
   dispatch_mask<scalar_t>(mask_kind, [&](auto mask_tag) {
     using mask_t = typename decltype(mask_tag)::type;
-    // 16-byte vectors when every row of x, mask and y starts aligned; element by element otherwise.
+    // 16-byte vectors when every row of x, mask and y starts aligned, or y's as far into a vector as x's; element by
+    // element otherwise.
     constexpr int kVec = 16 / sizeof(scalar_t);
     const bool aligned = p.cols % kVec == 0 &&
                          rows_aligned(p.x, p.x_strides, p.shape, kVec, sizeof(scalar_t)) &&
@@ -223,7 +248,7 @@ void launch_forward(const ForwardParams& p, MaskKind mask_kind, cudaStream_t str
                           rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes_v<mask_t>));
     if (aligned) {
       forward_ladder<scalar_t, mask_t, kVec>(p, stream);
-    } else {
+    } else if (!launch_shifted<scalar_t, mask_t, kVec>(p, stream)) {
       forward_ladder<scalar_t, mask_t, 1>(p, stream);
     }
   });

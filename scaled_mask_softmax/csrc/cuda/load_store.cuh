@@ -1,7 +1,9 @@
 // Vector loads and stores; scale, mask and causal limit applied as a row is loaded.
 //
 // A row is read in whole vectors of VEC elements: the dispatch takes VEC > 1 only when the row length is a
-// multiple of VEC and every row starts aligned, so a vector lies wholly inside or wholly outside its row.
+// multiple of VEC and every row starts aligned, so a vector lies wholly inside or wholly outside its row; or, in the
+// register kernels, when every operand's row starts as far into a vector as x's (kShifted): the row is then read
+// from the vector boundary before its start, the elements before it and past its end masked and never written.
 // Loads are issued for all of a thread's vectors before any value is used (fetch, then convert), so that many
 // loads are in flight per thread instead of one.
 #pragma once
@@ -136,6 +138,42 @@ __device__ __forceinline__ void store_vector(T* row, Index col, const acc_t (&va
   store_bits<VEC, kEvictFirst>(row, col, converted<T>(values));
 }
 
+// The elements of `values` that lie in [begin, end) stored at `col`: in one vector where all of them do, one by one
+// at the ends of a row that starts or ends mid-vector (kShifted).
+// The bounds are compared as counts against constants, as in ScoreLoader::scores.
+template <int VEC, bool kEvictFirst = true, typename acc_t, typename T, typename Index>
+__device__ __forceinline__ void store_vector_within(T* row, Index col, const acc_t (&values)[VEC], Index begin,
+                                                    Index end) {
+  const Index before = begin - col;
+  const Index within = end - col;
+  if (before <= 0 && within >= VEC) {
+    store_vector<VEC, kEvictFirst>(row, col, values);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    if (i >= before && i < within) row[col + i] = static_cast<T>(values[i]);
+  }
+}
+
+// The elements of the vector at `col` from `before` to `within` (counted from col) one by one, 0 for the others,
+// which are never read: a mask row that may not be read in vectors (RowStart).
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ Vector<T, VEC> load_elements(const T* row, Index col, Index before, Index within) {
+  Vector<T, VEC> v{};
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    if (i >= before && i < within) v.element[i] = row[col + i];
+  }
+  return v;
+}
+
+// How many elements of a row's first vector lie before the row: its start's distance from the vector boundary.
+template <int VEC, typename T>
+__device__ __forceinline__ int lead_of(const T* row) {
+  return static_cast<int>(reinterpret_cast<uintptr_t>(row) % (VEC * sizeof(T)) / sizeof(T));
+}
+
 // `value` in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
 template <int VEC, typename T>
 __device__ __forceinline__ void store_filled(T* row, int64_t from, int64_t end, int64_t step, T value) {
@@ -241,11 +279,48 @@ __device__ __forceinline__ void load_clamped(const Row& row, Index col, typename
   row.load(col < last ? col : last, raw);
 }
 
+// Where a row that may start mid-vector (kShifted) starts: its first column, counted from the vector boundary before
+// it; and whether its mask row is read in vectors: where it starts as far into its vector as x's row, and its last
+// vector ends before the mask does (ForwardParams::mask_end); otherwise element by element. Constants for the rows
+// that start on a boundary.
+template <typename Index, bool kShifted>
+struct RowStart {
+  static constexpr Index first = 0;
+  static constexpr bool mask_in_vectors = true;
+};
+
+template <typename Index>
+struct RowStart<Index, true> {
+  Index first = 0;
+  bool mask_in_vectors = true;
+
+  // Whether the vectors of a row of `cols` from `row` (its vector boundary) end before `end`.
+  template <int VEC, typename T>
+  __device__ __forceinline__ bool fits(const T* row, Index cols, const void* end) const {
+    return row + (first + cols + VEC - 1) / VEC * VEC <= static_cast<const T*>(end);
+  }
+
+  // `row` (its vector boundary), or where its vectors would pass its operand's `end`, the same place in the copy of
+  // the operand's last bytes (OperandTail), which holds them from `tail.from` on.
+  template <int VEC, typename T>
+  __device__ __forceinline__ T* read_from(T* row, Index cols, const void* end, const TailCopy& tail) const {
+    if (fits<VEC>(row, cols, end)) return row;
+    const auto offset = reinterpret_cast<const char*>(row) - static_cast<const char*>(tail.from);
+    return reinterpret_cast<T*>(static_cast<const char*>(tail.copy) + offset);
+  }
+};
+
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see. Index: the type of a column,
-// int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits.
-template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t>
-struct ScoreLoader {
+// int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits. kShifted: the
+// row may start mid-vector, as y's does (rows_shifted_alike); its columns are counted from the vector boundary before
+// it, from which x is read, and the row's own start from `first`. A mask row that starts as far into its vector is
+// read in vectors too, any other element by element.
+template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false>
+struct ScoreLoader : RowStart<Index, kShifted> {
+  using RowStart<Index, kShifted>::first;
+  using RowStart<Index, kShifted>::mask_in_vectors;
   static constexpr bool kHasMask = has_mask_v<mask_t>;
+  static constexpr bool kShiftedRows = kShifted;
   // A bool mask's vector travels as 32-bit words (additive_terms): loaded as bools, it was split into bytes and
   // packed again.
   static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
@@ -271,8 +346,18 @@ struct ScoreLoader {
     row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
     x = static_cast<const scalar_t*>(p.x) + x_start;
     mask = static_cast<const mask_t*>(p.mask) + mask_start;
+    if constexpr (kShifted) {
+      first = lead_of<VEC>(x);
+      const auto cols = static_cast<Index>(p.cols);
+      x = this->template read_from<VEC>(x - first, cols, p.x_end, p.x_tail);
+      if constexpr (kHasMask) {
+        mask -= first;
+        mask_in_vectors = lead_of<VEC>(mask) == 0 && this->template fits<VEC>(mask, cols, p.mask_end);
+      }
+    }
     pin_addresses();
     visible_end = static_cast<Index>(causal ? sms::visible_end(p, row) : p.cols);
+    if constexpr (kShifted) visible_end += first;
   }
 
   // A row whose x and mask lie at `x_row` and `mask_row` (in shared memory, where the staged kernels bring them),
@@ -310,11 +395,27 @@ struct ScoreLoader {
     } else {
       raw.x = load_vector<VEC>(x, col);
     }
+    if constexpr (kShifted && kHasMask) {
+      if (!mask_in_vectors) {
+        raw.mask = mask_elements(col);
+        return;
+      }
+    }
     if constexpr (kBoolWords) {
       raw.mask = load_vector<VEC / 4>(reinterpret_cast<const uint32_t*>(mask + col), 0);
     } else if constexpr (kHasMask) {
       raw.mask = load_vector<VEC>(mask, col);
     }
+  }
+
+  // The mask's elements of the vector at `col` one by one (load_elements), as its vector's words: where the mask row
+  // may not be read in vectors.
+  __device__ __forceinline__ MaskVector mask_elements(Index col) const {
+    const Vector<mask_t, VEC> elements = load_elements<VEC>(mask, col, first - col, visible_end - col);
+    static_assert(sizeof(MaskVector) == sizeof(elements), "a mask vector's words hold its elements");
+    MaskVector words;
+    memcpy(&words, &elements, sizeof(words));
+    return words;
   }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
@@ -354,7 +455,7 @@ struct ScoreLoader {
   __device__ __forceinline__ acc_t max_score(Index col, const Raw& raw) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && !kHasMask && VEC % 2 == 0) {
-      if (visible_end - col >= VEC) {
+      if (visible_end - col >= VEC && (!kShifted || col >= first)) {
         uint32_t words[VEC / 2];
         memcpy(words, &raw.x, sizeof(words));
         const uint32_t flip = scale < 0 ? 0x80008000u : 0u;
@@ -396,6 +497,15 @@ struct ScoreLoader {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         if (i >= visible) s[i] = kMasked;
+      }
+    }
+    if constexpr (kShifted) {
+      const Index before = first - col;
+      if (before > 0) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          if (i < before) s[i] = kMasked;
+        }
       }
     }
   }
