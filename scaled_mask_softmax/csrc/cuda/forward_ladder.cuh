@@ -211,8 +211,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
 
 // Launches forward_in_registers on rows that start mid-vector, read from the vector boundary before each row's start,
 // where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
-// rows short of kCausalTwoPassColumns); false otherwise. Such rows read element by element (VEC 1) measured 4-8 times
-// the floor at 49 and 197 columns (benchmarks/NOTES.md, v101). Not fp64, whose rows are rarely that short.
+// rows short of kCausalTwoPassColumns); false otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and
+// 1023 columns measured 2.0-6.6 times the floor, in vectors 1.0-4.0 (an H100; benchmarks/NOTES.md, v102). Not fp64.
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) > 4) {
