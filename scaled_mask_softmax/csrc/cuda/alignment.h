@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../params.h"
+#include "launch.h"
 
 namespace sms {
 
@@ -68,9 +69,7 @@ inline at::Tensor copy_tail(const void* data, const void* end, int64_t span_byte
   const uintptr_t from = lowest / 16 * 16;
   const auto bytes = static_cast<int64_t>(end_address - from);
   const int64_t padded = (bytes + 15) / 16 * 16;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  at::Tensor copy = at::empty({padded}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+  at::Tensor copy = at::empty({padded}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, current_device()));
   auto* const bytes_of_copy = static_cast<char*>(copy.data_ptr());
   C10_CUDA_CHECK(cudaMemcpyAsync(bytes_of_copy, reinterpret_cast<const void*>(from), bytes, cudaMemcpyDeviceToDevice,
                                  stream));

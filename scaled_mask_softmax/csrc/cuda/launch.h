@@ -171,12 +171,16 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector, int t
   return {false, 1, kLongRowThreads, kLongRowThreads};
 }
 
-// The current device's `attribute`.
-inline int device_attribute(cudaDeviceAttr attribute) {
+inline int current_device() {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// The current device's `attribute`.
+inline int device_attribute(cudaDeviceAttr attribute) {
   int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, current_device()));
   return value;
 }
 
@@ -201,9 +205,7 @@ inline int remembered(const void* kernel, int threads, int cluster_blocks, int64
                       c10::function_ref<int()> ask) {
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, int, int, int64_t>, int> answers;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const auto shape = std::make_tuple(device, kernel, threads, cluster_blocks, shared_bytes);
+  const auto shape = std::make_tuple(current_device(), kernel, threads, cluster_blocks, shared_bytes);
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = answers.find(shape);
   if (found != answers.end()) return found->second;

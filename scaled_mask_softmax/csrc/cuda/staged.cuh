@@ -223,9 +223,7 @@ __device__ __forceinline__ void for_each_cluster_drawn_row(unsigned long long* n
 
 // A counter of rows drawn, zeroed on the current stream: one for each launch of a kernel whose blocks draw rows.
 inline at::Tensor zeroed_row_counter() {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
+  return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, current_device()));
 }
 
 // Launches kernel(p), a staged kernel of `threads` threads a block and `bytes` of shared memory for its stages, in a
