@@ -86,6 +86,12 @@ Kernel widest_build(Kernel baseline, Kernel avx2, Kernel avx512) {
   if (capability == "AVX2") return avx2;
   return baseline;
 }
+
+// widest_build of `kernel` (with its builds kernel_avx2 and kernel_avx512) for the template arguments that follow.
+#define SMS_WIDEST_BUILD(kernel, ...) \
+  widest_build(kernel<__VA_ARGS__>, kernel##_avx2<__VA_ARGS__>, kernel##_avx512<__VA_ARGS__>)
+#else
+#define SMS_WIDEST_BUILD(kernel, ...) kernel<__VA_ARGS__>
 #endif
 
 // The build that runs, and the threads a call takes: one where this library was compiled without OpenMP, whatever
@@ -109,12 +115,7 @@ std::tuple<std::string, int64_t> cpu_engine() {
 template <typename scalar_t, typename mask_t>
 void forward_cpu(const ForwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-#if defined(__GNUC__) && defined(__x86_64__)
-  const auto rows = widest_build(forward_rows<scalar_t, mask_t, acc_t>, forward_rows_avx2<scalar_t, mask_t, acc_t>,
-                                 forward_rows_avx512<scalar_t, mask_t, acc_t>);
-#else
-  const auto rows = forward_rows<scalar_t, mask_t, acc_t>;
-#endif
+  const auto rows = SMS_WIDEST_BUILD(forward_rows, scalar_t, mask_t, acc_t);
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
     // Left uninitialised: the engine reads only what it wrote.
     const std::unique_ptr<acc_t[]> scores(new acc_t[cpu::row_room(p.cols)]);
@@ -150,12 +151,7 @@ std::unique_ptr<acc_t[]> widening_buffer(int64_t cols) {
 template <typename scalar_t>
 void backward_cpu(const BackwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-#if defined(__GNUC__) && defined(__x86_64__)
-  const auto rows = widest_build(backward_rows<scalar_t, acc_t>, backward_rows_avx2<scalar_t, acc_t>,
-                                 backward_rows_avx512<scalar_t, acc_t>);
-#else
-  const auto rows = backward_rows<scalar_t, acc_t>;
-#endif
+  const auto rows = SMS_WIDEST_BUILD(backward_rows, scalar_t, acc_t);
   at::parallel_for(0, p.rows, rows_per_task(p.cols), [&](int64_t begin, int64_t end) {
     rows(p, begin, end, widening_buffer<scalar_t, acc_t>(p.cols).get());
   });
@@ -166,12 +162,7 @@ void backward_cpu(const BackwardParams& p) {
 template <typename scalar_t>
 void backward_with_bias_grad_cpu(const BackwardParams& p) {
   using acc_t = at::opmath_type<scalar_t>;
-#if defined(__GNUC__) && defined(__x86_64__)
-  const auto groups = widest_build(bias_grad_groups<scalar_t, acc_t>, bias_grad_groups_avx2<scalar_t, acc_t>,
-                                   bias_grad_groups_avx512<scalar_t, acc_t>);
-#else
-  const auto groups = bias_grad_groups<scalar_t, acc_t>;
-#endif
+  const auto groups = SMS_WIDEST_BUILD(bias_grad_groups, scalar_t, acc_t);
   const int64_t grain = std::max<int64_t>(1, rows_per_task(p.cols) / p.rows_per_part);
   at::parallel_for(0, p.bias_grad_rows, grain, [&](int64_t begin, int64_t end) {
     const std::unique_ptr<acc_t[]> sums(new acc_t[cpu::row_room(p.cols)]);
