@@ -248,7 +248,7 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 # Rows that start mid-vector (a row length not a whole number of 16-byte vectors), read from the vector boundary
 # before each row by the register kernels (kShifted): ViT's 197 columns, Swin's 49, a decoding step's 1037 keys, and
 # rows up to the longest a block holds (bf16 8191, fp32 4095); causal ones among them short of kCausalTwoPassColumns.
-# A key-padding mask's rows start elsewhere in their vectors than x's (read element by element), a bias's in some
+# A key-padding mask's rows start elsewhere in their vectors than x's (read across two vectors), a bias's in some
 # rows and not others; a full mask's as x's (read in vectors). The second batch all masked by the key-padding mask.
 @pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 3, 5, 197)), (torch.float16, (2, 4, 3, 49)),
                                           (torch.float32, (2, 3, 5, 197)), (torch.bfloat16, (2, 8, 1, 1037)),
@@ -274,6 +274,26 @@ def test_rows_that_start_mid_vector_with_a_full_mask(dtype, mask_dtype, is_causa
         mask[0, 1, 2] = float("-inf")
     y = assert_forward_backward_match(x, mask, 0.5, is_causal)
     assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+
+
+@pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bool), (torch.bfloat16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float32), (torch.float32, torch.bool),
+                                               (torch.float32, torch.float32)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rows_that_start_mid_vector_with_a_mask_elsewhere_in_its_vectors(dtype, mask_dtype, is_causal):
+    """A mask of x's shape whose rows each start `offset` elements further into their vectors than x's, for every
+    offset a vector allows: read two vectors at a time and shifted into place; the last rows, whose vectors would
+    pass the mask's end, from a copy of its tail."""
+    x = random_scores((2, 3, 5, 197), dtype, "cuda").requires_grad_()
+    for offset in range(1, 16 // dtype.itemsize):
+        storage = random_scores((x.numel() + offset,), torch.float32, "cuda", generator_seed=offset)
+        if mask_dtype == torch.bool:
+            storage = storage > -1.0
+        mask = storage.to(mask_dtype)[offset:].view(x.shape)
+        mask[1, 2, 3] = False if mask_dtype == torch.bool else float("-inf")
+        x.grad = None
+        y = assert_forward_backward_match(x, mask, 0.5, is_causal)
+        assert not y[1, 2, 3].any() and not x.grad[1, 2, 3].any()
 
 
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 0), (0, 3), (8, 8)])

@@ -151,11 +151,12 @@ struct ForwardParams {
   double scale;
   // cols, but where a launch takes only the keys before some column (narrowed_to_visible): y's own row length.
   int64_t output_row_stride = 0;
-  // One past x's and the mask's last elements (rows_extent): rows that start mid-vector read x's vectors that would
-  // pass it from x_tail, set at their launch, and the mask's element by element (RowStart).
+  // One past x's and the mask's last elements (rows_extent): rows that start mid-vector read the vectors that would
+  // pass them from x_tail and mask_tail, set at their launch.
   const void* x_end = nullptr;
   const void* mask_end = nullptr;
   TailCopy x_tail;
+  TailCopy mask_tail;
   // A zeroed counter from which a launch's blocks draw their rows in order, set at its launch: forward_staged's
   // (for_each_drawn_row, by launch_staged) and forward_staged_in_cluster's in clusters of two
   // (for_each_cluster_drawn_row).

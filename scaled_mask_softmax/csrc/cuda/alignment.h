@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../params.h"
@@ -47,28 +48,24 @@ inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
   return strides;
 }
 
-// The most bytes the vectors of a row of `cols` that starts mid-vector span.
-template <typename scalar_t, int VEC>
-int64_t shifted_span_bytes(int64_t cols) {
-  return (cols + 2 * VEC - 2) / VEC * VEC * static_cast<int64_t>(sizeof(scalar_t));
-}
-
-// The copy of an operand's last bytes (TailCopy) that rows that start mid-vector, whose vectors span at most
-// `span_bytes`, read where their vectors would pass the operand's `end`, made on `stream`: from the 16-byte boundary
-// at or before the first vector of any such row (none starts before `data`, a boundary) to `end`, padded with zeros
-// to the next boundary. None (an undefined tensor, `tail` left unset) where `end` is a boundary itself. The returned
-// tensor holds the copy; stream-ordered, it may be freed once the launch that reads it is on the stream.
-inline at::Tensor copy_tail(const void* data, const void* end, int64_t span_bytes, TailCopy& tail,
-                            cudaStream_t stream) {
+// The copy of an operand's last bytes (TailCopy) that its rows of `cols` elements of type T, read in vectors of VEC
+// from the vector boundary before each row's start, read where their vectors would pass the operand's `end`, made
+// on `stream`: from the boundary (of 16 bytes, or of a vector where that is longer) at or before the first vector of
+// any such row (none starts before `data`) to `end`, padded with zeros to the next boundary. None (an undefined
+// tensor, `tail` left unset) where `end` is a boundary itself. The returned tensor holds the copy; stream-ordered,
+// it may be freed once the launch that reads it is on the stream.
+template <typename T, int VEC>
+at::Tensor copy_tail(const void* data, const void* end, int64_t cols, TailCopy& tail, cudaStream_t stream) {
+  const uintptr_t boundary = std::max<uintptr_t>(VEC * sizeof(T), 16);
+  // The most bytes the vectors of one row span.
+  const auto span_bytes = static_cast<uintptr_t>((cols + 2 * VEC - 2) / VEC * VEC) * sizeof(T);
   const auto end_address = reinterpret_cast<uintptr_t>(end);
-  if (end_address % 16 == 0) return {};
+  if (end_address % boundary == 0) return {};
   const auto data_address = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t lowest = end_address - data_address > static_cast<uintptr_t>(span_bytes)
-                               ? end_address - static_cast<uintptr_t>(span_bytes)
-                               : data_address;
-  const uintptr_t from = lowest / 16 * 16;
+  const uintptr_t lowest = end_address - data_address > span_bytes ? end_address - span_bytes : data_address;
+  const uintptr_t from = lowest / boundary * boundary;
   const auto bytes = static_cast<int64_t>(end_address - from);
-  const int64_t padded = (bytes + 15) / 16 * 16;
+  const auto padded = static_cast<int64_t>((end_address + boundary - 1) / boundary * boundary - from);
   at::Tensor copy = at::empty({padded}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, current_device()));
   auto* const bytes_of_copy = static_cast<char*>(copy.data_ptr());
   C10_CUDA_CHECK(cudaMemcpyAsync(bytes_of_copy, reinterpret_cast<const void*>(from), bytes, cudaMemcpyDeviceToDevice,

@@ -164,9 +164,8 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
           plan_block(p.cols + VEC - 1, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(causal()));
       if (!plan.in_registers) return false;
       BackwardParams shifted = p;
-      const int64_t span_bytes = shifted_span_bytes<scalar_t, VEC>(p.cols);
-      const at::Tensor y_tail = copy_tail(p.y, p.y_end, span_bytes, shifted.y_tail, stream);
-      const at::Tensor dy_tail = copy_tail(p.dy, p.dy_end, span_bytes, shifted.dy_tail, stream);
+      const at::Tensor y_tail = copy_tail<scalar_t, VEC>(p.y, p.y_end, p.cols, shifted.y_tail, stream);
+      const at::Tensor dy_tail = copy_tail<scalar_t, VEC>(p.dy, p.dy_end, p.cols, shifted.dy_tail, stream);
       with_iters(plan.iters, [&](auto iters) {
         backward_in_registers<scalar_t, VEC, decltype(iters)::value, causal(), /*kShifted=*/true>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);

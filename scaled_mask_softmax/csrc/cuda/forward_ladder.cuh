@@ -225,8 +225,11 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     const RowPlan plan = plan_block(p.cols + VEC - 1, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1));
     if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
     ForwardParams shifted = p;
-    const at::Tensor x_tail =
-        copy_tail(p.x, p.x_end, shifted_span_bytes<scalar_t, VEC>(p.cols), shifted.x_tail, stream);
+    const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
+    at::Tensor mask_tail;
+    if constexpr (has_mask_v<mask_t>) {
+      mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
+    }
     return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true, stream);
   }
 }

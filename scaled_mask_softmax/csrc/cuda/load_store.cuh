@@ -156,18 +156,6 @@ __device__ __forceinline__ void store_vector_within(T* row, Index col, const acc
   }
 }
 
-// The elements of the vector at `col` from `before` to `within` (counted from col) one by one, 0 for the others,
-// which are never read: a mask row that may not be read in vectors (RowStart).
-template <int VEC, typename T, typename Index>
-__device__ __forceinline__ Vector<T, VEC> load_elements(const T* row, Index col, Index before, Index within) {
-  Vector<T, VEC> v{};
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    if (i >= before && i < within) v.element[i] = row[col + i];
-  }
-  return v;
-}
-
 // How many elements of a row's first vector lie before the row: its start's distance from the vector boundary.
 template <int VEC, typename T>
 __device__ __forceinline__ int lead_of(const T* row) {
@@ -279,46 +267,91 @@ __device__ __forceinline__ void load_clamped(const Row& row, Index col, typename
   row.load(col < last ? col : last, raw);
 }
 
+// Whether the vectors of a row of `cols` that starts `lead` elements past `row` (a vector boundary) end before `end`.
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ bool vectors_fit(const T* row, Index lead, Index cols, const void* end) {
+  return row + (lead + cols + VEC - 1) / VEC * VEC <= static_cast<const T*>(end);
+}
+
+// `row` (a vector boundary, its row starting `lead` elements further on), or where its vectors would pass its
+// operand's `end`, the same place in the copy of the operand's last bytes (TailCopy), which holds them from
+// `tail.from` on.
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ T* vectors_from(T* row, Index lead, Index cols, const void* end, const TailCopy& tail) {
+  if (vectors_fit<VEC>(row, lead, cols, end)) return row;
+  const auto offset = reinterpret_cast<const char*>(row) - static_cast<const char*>(tail.from);
+  return reinterpret_cast<T*>(static_cast<const char*>(tail.copy) + offset);
+}
+
+// The VEC elements `shift` (0 to VEC - 1) past the vector at `col` of `row` (a vector boundary), taken from that
+// vector and the next, whose loads are kept to the vectors from `low` to `high`: the row's first and last, which hold
+// every element used. Two loads and a shift of 32-bit words (halving steps, then a funnel shift within words) in
+// place of VEC loads of one element each.
+template <int VEC, typename T, typename Index>
+__device__ __forceinline__ Vector<T, VEC> load_across(const T* row, Index col, int shift, Index low, Index high) {
+  constexpr int kWords = static_cast<int>(sizeof(Vector<T, VEC>) / 4);
+  static_assert(kWords >= 1 && sizeof(Vector<T, VEC>) % 4 == 0, "vectors of whole 32-bit words");
+  const Vector<T, VEC> below = load_vector<VEC>(row, col > low ? col : low);
+  const Vector<T, VEC> above = load_vector<VEC>(row, col + VEC < high ? col + VEC : high);
+  uint32_t words[2 * kWords];
+  memcpy(words, &below, sizeof(below));
+  memcpy(words + kWords, &above, sizeof(above));
+  const int shift_bytes = shift * static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int step = kWords / 2; step >= 1; step /= 2) {
+    const bool moved = (shift_bytes / 4) & step;
+#pragma unroll
+    for (int w = 0; w + step < 2 * kWords; ++w) words[w] = moved ? words[w + step] : words[w];
+  }
+  uint32_t shifted[kWords];
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) shifted[w] = __funnelshift_r(words[w], words[w + 1], shift_bytes % 4 * 8);
+  Vector<T, VEC> v;
+  memcpy(&v, shifted, sizeof(v));
+  return v;
+}
+
 // Where a row that may start mid-vector (kShifted) starts: its first column, counted from the vector boundary before
-// it; and whether its mask row is read in vectors: where it starts as far into its vector as x's row, and its last
-// vector ends before the mask does (ForwardParams::mask_end); otherwise element by element. Constants for the rows
-// that start on a boundary.
+// it. A constant for the rows that start on a boundary.
 template <typename Index, bool kShifted>
 struct RowStart {
   static constexpr Index first = 0;
-  static constexpr bool mask_in_vectors = true;
 };
 
 template <typename Index>
 struct RowStart<Index, true> {
   Index first = 0;
-  bool mask_in_vectors = true;
 
-  // Whether the vectors of a row of `cols` from `row` (its vector boundary) end before `end`.
-  template <int VEC, typename T>
-  __device__ __forceinline__ bool fits(const T* row, Index cols, const void* end) const {
-    return row + (first + cols + VEC - 1) / VEC * VEC <= static_cast<const T*>(end);
-  }
-
-  // `row` (its vector boundary), or where its vectors would pass its operand's `end`, the same place in the copy of
-  // the operand's last bytes (OperandTail), which holds them from `tail.from` on.
+  // `row` (its vector boundary), or the same place in `tail` where its vectors would pass `end` (vectors_from).
   template <int VEC, typename T>
   __device__ __forceinline__ T* read_from(T* row, Index cols, const void* end, const TailCopy& tail) const {
-    if (fits<VEC>(row, cols, end)) return row;
-    const auto offset = reinterpret_cast<const char*>(row) - static_cast<const char*>(tail.from);
-    return reinterpret_cast<T*>(static_cast<const char*>(tail.copy) + offset);
+    return vectors_from<VEC>(row, first, cols, end, tail);
   }
+};
+
+// Where a mask row lies against x's row, where that may start mid-vector (kShifted): `shift` elements further into
+// its vector (load_across where not 0), its first and last vectors at `low` and `high` (counted as x's columns).
+// A constant 0 shift for the rows that start on a boundary.
+template <typename Index, bool kShifted>
+struct MaskShift {
+  static constexpr int shift = 0;
+};
+
+template <typename Index>
+struct MaskShift<Index, true> {
+  int shift = 0;
+  Index low = 0;
+  Index high = 0;
 };
 
 // The scores s = x * scale + mask of one row, -inf past the keys the row may see. Index: the type of a column,
 // int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits. kShifted: the
 // row may start mid-vector, as y's does (rows_shifted_alike); its columns are counted from the vector boundary before
 // it, from which x is read, and the row's own start from `first`. A mask row that starts as far into its vector is
-// read in vectors too, any other element by element.
+// read in vectors too, any other across two vectors (load_across).
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false>
 struct ScoreLoader : RowStart<Index, kShifted> {
   using RowStart<Index, kShifted>::first;
-  using RowStart<Index, kShifted>::mask_in_vectors;
   static constexpr bool kHasMask = has_mask_v<mask_t>;
   static constexpr bool kShiftedRows = kShifted;
   // A bool mask's vector travels as 32-bit words (additive_terms): loaded as bools, it was split into bytes and
@@ -335,6 +368,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
+  [[no_unique_address]] MaskShift<Index, kShifted && kHasMask> mask_shift;
   // The two-pass kernels' loads of x are cached as each pass says (set_caching); the others load plainly.
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
   PassCaching x_caching;
@@ -351,8 +385,10 @@ struct ScoreLoader : RowStart<Index, kShifted> {
       const auto cols = static_cast<Index>(p.cols);
       x = this->template read_from<VEC>(x - first, cols, p.x_end, p.x_tail);
       if constexpr (kHasMask) {
-        mask -= first;
-        mask_in_vectors = lead_of<VEC>(mask) == 0 && this->template fits<VEC>(mask, cols, p.mask_end);
+        const int shift = lead_of<VEC>(mask - first);
+        const Index lead = first + shift;
+        mask = vectors_from<VEC>(mask - lead, lead, cols, p.mask_end, p.mask_tail);
+        mask_shift = {shift, lead / VEC * VEC, (lead + cols - 1) / VEC * VEC};
       }
     }
     pin_addresses();
@@ -396,8 +432,10 @@ struct ScoreLoader : RowStart<Index, kShifted> {
       raw.x = load_vector<VEC>(x, col);
     }
     if constexpr (kShifted && kHasMask) {
-      if (!mask_in_vectors) {
-        raw.mask = mask_elements(col);
+      if (mask_shift.shift != 0) {
+        const auto across = load_across<VEC>(mask, col, mask_shift.shift, mask_shift.low, mask_shift.high);
+        static_assert(sizeof(MaskVector) == sizeof(across), "a mask vector's words hold its elements");
+        memcpy(&raw.mask, &across, sizeof(across));
         return;
       }
     }
@@ -406,16 +444,6 @@ struct ScoreLoader : RowStart<Index, kShifted> {
     } else if constexpr (kHasMask) {
       raw.mask = load_vector<VEC>(mask, col);
     }
-  }
-
-  // The mask's elements of the vector at `col` one by one (load_elements), as its vector's words: where the mask row
-  // may not be read in vectors.
-  __device__ __forceinline__ MaskVector mask_elements(Index col) const {
-    const Vector<mask_t, VEC> elements = load_elements<VEC>(mask, col, first - col, visible_end - col);
-    static_assert(sizeof(MaskVector) == sizeof(elements), "a mask vector's words hold its elements");
-    MaskVector words;
-    memcpy(&words, &elements, sizeof(words));
-    return words;
   }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
