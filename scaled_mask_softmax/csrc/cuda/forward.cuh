@@ -297,11 +297,11 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-// kShifted: rows that start mid-vector (forward_in_registers'); with a 16-bit mask, those held to 64 registers spilled
-// 8-66 bytes (ptxas, sm_90).
+// kShifted: rows that start mid-vector (forward_in_registers'); with a mask, those held to 64 registers spilled 8-66
+// bytes (a 16-bit mask read element by element, v102), or 4-24 (a bool one, two vectors of it at a time, v104).
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted = false>
 constexpr int forward_min_blocks =
-    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS> && !(kShifted && mask_bytes_v<mask_t> == 2),
+    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS> && !(kShifted && has_mask_v<mask_t>),
                    forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:

@@ -136,6 +136,20 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
   }
 }
 
+// Rows that start mid-vector span one vector more than their length takes where they start on a boundary (most of
+// them do): rows of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread.
+// Rows of up to a warp's kJustPastWarpIters vectors take one warp at that many vectors a thread, where plan_block
+// gives blocks of two warps and half of each thread's vectors empty, with a barrier in each reduction.
+constexpr int kJustPastWarpIters = kTargetIters + 1;
+
+inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector) {
+  const int64_t vectors = ceil_div(cols + vec - 1, vec);
+  if (vectors > kWarp * kTargetIters && vectors <= kWarp * kJustPastWarpIters) {
+    return {true, kJustPastWarpIters, kWarp, kWarp};
+  }
+  return plan_block(cols + vec - 1, vec, registers_per_vector);
+}
+
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
 // them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched. kShifted: rows that
 // start mid-vector (forward_in_registers'), which forward_staged does not take.
@@ -145,6 +159,16 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
+  if constexpr (kShifted) {
+    if (plan.iters == kJustPastWarpIters) {
+      if (!unstaged_too) return false;
+      with_flag(p.is_causal, [&](auto causal) {
+        forward_in_registers<scalar_t, mask_t, VEC, kJustPastWarpIters, causal(), false, true>
+            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+      });
+      return true;
+    }
+  }
   return with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     return with_flag(p.is_causal, [&](auto causal) {
@@ -222,7 +246,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
                             sizeof(scalar_t))) {
       return false;
     }
-    const RowPlan plan = plan_block(p.cols + VEC - 1, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1));
+    const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1));
     if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);

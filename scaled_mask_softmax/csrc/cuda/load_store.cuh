@@ -283,31 +283,27 @@ __device__ __forceinline__ T* vectors_from(T* row, Index lead, Index cols, const
   return reinterpret_cast<T*>(static_cast<const char*>(tail.copy) + offset);
 }
 
-// The VEC elements `shift` (0 to VEC - 1) past the vector at `col` of `row` (a vector boundary), taken from that
-// vector and the next, whose loads are kept to the vectors from `low` to `high`: the row's first and last, which hold
-// every element used. Two loads and a shift of 32-bit words (halving steps, then a funnel shift within words) in
-// place of VEC loads of one element each.
-template <int VEC, typename T, typename Index>
-__device__ __forceinline__ Vector<T, VEC> load_across(const T* row, Index col, int shift, Index low, Index high) {
-  constexpr int kWords = static_cast<int>(sizeof(Vector<T, VEC>) / 4);
-  static_assert(kWords >= 1 && sizeof(Vector<T, VEC>) % 4 == 0, "vectors of whole 32-bit words");
-  const Vector<T, VEC> below = load_vector<VEC>(row, col > low ? col : low);
-  const Vector<T, VEC> above = load_vector<VEC>(row, col + VEC < high ? col + VEC : high);
+// The vector that starts `shift_bytes` into `below`, the rest from `above`, the vector after it: 32-bit words
+// chosen in halving steps, then a funnel shift within words. Where a row's elements lie elsewhere in their vectors
+// than x's (MaskShift), two vector loads and this take the place of a load of each element.
+template <typename V>
+__device__ __forceinline__ V joined_at(const V& below, const V& above, int shift_bytes) {
+  constexpr int kWords = static_cast<int>(sizeof(V) / 4);
+  static_assert(kWords >= 1 && sizeof(V) % 4 == 0, "vectors of whole 32-bit words");
   uint32_t words[2 * kWords];
   memcpy(words, &below, sizeof(below));
   memcpy(words + kWords, &above, sizeof(above));
-  const int shift_bytes = shift * static_cast<int>(sizeof(T));
 #pragma unroll
   for (int step = kWords / 2; step >= 1; step /= 2) {
     const bool moved = (shift_bytes / 4) & step;
 #pragma unroll
     for (int w = 0; w + step < 2 * kWords; ++w) words[w] = moved ? words[w + step] : words[w];
   }
-  uint32_t shifted[kWords];
+  uint32_t joined[kWords];
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) shifted[w] = __funnelshift_r(words[w], words[w + 1], shift_bytes % 4 * 8);
-  Vector<T, VEC> v;
-  memcpy(&v, shifted, sizeof(v));
+  for (int w = 0; w < kWords; ++w) joined[w] = __funnelshift_r(words[w], words[w + 1], shift_bytes % 4 * 8);
+  V v;
+  memcpy(&v, joined, sizeof(v));
   return v;
 }
 
@@ -330,7 +326,7 @@ struct RowStart<Index, true> {
 };
 
 // Where a mask row lies against x's row, where that may start mid-vector (kShifted): `shift` elements further into
-// its vector (load_across where not 0), its first and last vectors at `low` and `high` (counted as x's columns).
+// its vector (joined_at where not 0), its first and last vectors at `low` and `high` (counted as x's columns).
 // A constant 0 shift for the rows that start on a boundary.
 template <typename Index, bool kShifted>
 struct MaskShift {
@@ -348,7 +344,7 @@ struct MaskShift<Index, true> {
 // int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits. kShifted: the
 // row may start mid-vector, as y's does (rows_shifted_alike); its columns are counted from the vector boundary before
 // it, from which x is read, and the row's own start from `first`. A mask row that starts as far into its vector is
-// read in vectors too, any other across two vectors (load_across).
+// read in vectors too, any other as the two vectors each of its vectors spans (joined_at).
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false>
 struct ScoreLoader : RowStart<Index, kShifted> {
   using RowStart<Index, kShifted>::first;
@@ -359,9 +355,12 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
   using MaskVector = std::conditional_t<kBoolWords, Vector<uint32_t, VEC / 4>, Vector<mask_t, VEC>>;
   // What one vector's loads bring: x, and the mask if there is one.
+  // A mask row that starts elsewhere in its vector than x's (MaskShift) brings two vectors, `mask` and the one after
+  // it, joined where they are used: joined as loaded, each vector's loads waited for those of the one before.
   struct Raw {
     Vector<scalar_t, VEC> x;
     std::conditional_t<kHasMask, MaskVector, NoMask> mask;
+    [[no_unique_address]] std::conditional_t<kShifted && kHasMask, MaskVector, NoMask> mask_after;
   };
 
   const scalar_t* x;
@@ -432,17 +431,21 @@ struct ScoreLoader : RowStart<Index, kShifted> {
       raw.x = load_vector<VEC>(x, col);
     }
     if constexpr (kShifted && kHasMask) {
+      // Loads kept to the row's own vectors, which hold every element used (at shift 0, as x's are).
+      raw.mask = load_mask(col > mask_shift.low ? col : mask_shift.low);
       if (mask_shift.shift != 0) {
-        const auto across = load_across<VEC>(mask, col, mask_shift.shift, mask_shift.low, mask_shift.high);
-        static_assert(sizeof(MaskVector) == sizeof(across), "a mask vector's words hold its elements");
-        memcpy(&raw.mask, &across, sizeof(across));
-        return;
+        raw.mask_after = load_mask(col + VEC < mask_shift.high ? col + VEC : mask_shift.high);
       }
-    }
-    if constexpr (kBoolWords) {
-      raw.mask = load_vector<VEC / 4>(reinterpret_cast<const uint32_t*>(mask + col), 0);
     } else if constexpr (kHasMask) {
-      raw.mask = load_vector<VEC>(mask, col);
+      raw.mask = load_mask(col);
+    }
+  }
+
+  __device__ __forceinline__ MaskVector load_mask(Index col) const {
+    if constexpr (kBoolWords) {
+      return load_vector<VEC / 4>(reinterpret_cast<const uint32_t*>(mask + col), 0);
+    } else {
+      return load_vector<VEC>(mask, col);
     }
   }
 
@@ -454,6 +457,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   __device__ __forceinline__ static void reform_after(Raw& raw) {
     sms::reform_after(raw.x);
     if constexpr (kHasMask) sms::reform_after(raw.mask);
+    if constexpr (kShifted && kHasMask) sms::reform_after(raw.mask_after);
   }
 
   // The scores of a vector wholly before visible_end.
@@ -462,14 +466,20 @@ struct ScoreLoader : RowStart<Index, kShifted> {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) s[i] *= scale;
     if constexpr (kHasMask) {
+      MaskVector mask_vector = raw.mask;
+      if constexpr (kShifted) {
+        if (mask_shift.shift != 0) {
+          mask_vector = joined_at(raw.mask, raw.mask_after, mask_shift.shift * static_cast<int>(sizeof(mask_t)));
+        }
+      }
       acc_t m[VEC];
       if constexpr (kBoolWords) {
-        additive_terms(raw.mask, m);
+        additive_terms(mask_vector, m);
       } else if constexpr (std::is_same_v<mask_t, bool>) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) m[i] = additive_mask<acc_t>(raw.mask.element[i]);
+        for (int i = 0; i < VEC; ++i) m[i] = additive_mask<acc_t>(mask_vector.element[i]);
       } else {
-        widen(raw.mask, m);
+        widen(mask_vector, m);
       }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) s[i] += m[i];
