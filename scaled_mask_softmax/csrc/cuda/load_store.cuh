@@ -354,9 +354,9 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   // packed again.
   static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
   using MaskVector = std::conditional_t<kBoolWords, Vector<uint32_t, VEC / 4>, Vector<mask_t, VEC>>;
-  // What one vector's loads bring: x, and the mask if there is one.
-  // A mask row that starts elsewhere in its vector than x's (MaskShift) brings two vectors, `mask` and the one after
-  // it, joined where they are used: joined as loaded, each vector's loads waited for those of the one before.
+  // What one vector's loads bring: x, and the mask if there is one. A mask row that starts elsewhere in its vector
+  // than x's (MaskShift) brings two vectors, `mask` and the one after it, joined where they are used (visible_scores):
+  // joined as they came, each vector's loads waited for those of the vector before (v104).
   struct Raw {
     Vector<scalar_t, VEC> x;
     std::conditional_t<kHasMask, MaskVector, NoMask> mask;
