@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: build in place, the whole test suite (GPU tests included), check,
 # doctor, compute-sanitizer and the benchmark. Pick stages as arguments (default: all but sanitize and bench):
-#   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz
+#   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned
+# unaligned: rows that start mid-vector (benchmarks/unaligned.py), and the same shapes against the peers.
 # gpu-tests runs only the tests marked gpu (CI runs the others on every commit), in the files GPU_TESTS names
 # (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest).
 # Logs and results go to $OUT (default gpu-logs); the last line of each stage is printed.
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" NCCL_NVLS_ENABLE=0
+UNALIGNED_GRID="${UNALIGNED_GRID:-64x12x197x197,1024x4x49x49,8x32x1023x1023,8x20x1500x1500}"
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(build tests check doctor)
 status=0
@@ -25,6 +27,9 @@ for stage in "${stages[@]}"; do
     doctor) python3 -m scaled_mask_softmax doctor >"$OUT/doctor.log" 2>&1 ;;
     sanitize) OUT="$OUT" scripts/sanitize.sh >"$OUT/sanitize.log" 2>&1 ;;
     bench) python3 benchmarks/bench.py --e2e >"$OUT/bench.log" 2>&1 && cp benchmarks/results/* "$OUT/" ;;
+    unaligned) { python3 benchmarks/unaligned.py --grid "$UNALIGNED_GRID" &&
+                 python3 -m scaled_mask_softmax bench --grid "$UNALIGNED_GRID" --dtypes bfloat16 \
+                   --json "$OUT/unaligned.json"; } >"$OUT/unaligned.log" 2>&1 ;;
     *) echo "unknown stage: $stage" >&2; exit 2 ;;
   esac
   code=$?
