@@ -126,8 +126,9 @@ inline int64_t rows_extent(const RowShape& shape, const RowStrides& strides, int
   return last + cols;
 }
 
-// An operand's last bytes from `from` (a 16-byte boundary) on, copied to `copy` (another) and padded to whole
-// 16-byte vectors past the operand's end: what rows that start mid-vector read where their vectors would pass it.
+// An operand's last bytes from `from` (a boundary of 16 bytes, or of its vectors where those are longer) on, copied
+// to `copy` (another) and padded to whole vectors past the operand's end: what rows that start mid-vector read where
+// their vectors would pass it.
 struct TailCopy {
   const void* from = nullptr;
   const void* copy = nullptr;

@@ -159,16 +159,6 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
-  if constexpr (kShifted) {
-    if (plan.iters == kJustPastWarpIters) {
-      if (!unstaged_too) return false;
-      with_flag(p.is_causal, [&](auto causal) {
-        forward_in_registers<scalar_t, mask_t, VEC, kJustPastWarpIters, causal(), false, true>
-            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
-      });
-      return true;
-    }
-  }
   return with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     return with_flag(p.is_causal, [&](auto causal) {
@@ -253,6 +243,13 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     at::Tensor mask_tail;
     if constexpr (has_mask_v<mask_t>) {
       mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
+    }
+    if (plan.iters == kJustPastWarpIters) {
+      with_flag(p.is_causal, [&](auto causal) {
+        forward_in_registers<scalar_t, mask_t, VEC, kJustPastWarpIters, causal(), false, true>
+            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
+      });
+      return true;
     }
     return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true, stream);
   }
