@@ -3,19 +3,19 @@
 Each dtype x mask type x row length below reaches one instantiation and dispatch branch: vector loads, rows that
 start mid-vector (an odd row length: read in vectors from the boundary before each row, from a padded copy of the
 operand's last bytes where a vector would pass its end, as the last row's does; a mask row two vectors at a time
-where it starts elsewhere in its vector than x's, as some rows of a mask broadcast over the batch do; at 1023
-columns, just past a warp's four vectors a thread in 16-bit types, one warp at five), element-wise loads
-(x one element off a vector boundary, whose rows start elsewhere in their vectors than y's), a group of lanes per
-row, a block per row in registers (on sm_90, where few such blocks fit a multiprocessor, and causal rows of 8 KiB or
-more, brought into shared memory by bulk copies first: forward, 16384 in 16-bit types and fp32 but not causal, 2048
-in fp64 and causal fp32; backward, causal rows of 16384 in 16-bit types and of 8192 in fp32), a row split over the
-blocks of a cluster on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the
-backward but in fp64 at 65536, the forward with an additive mask that the staged kernel below does not take; in
-clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000, 16-bit at 131080; in the
-forward, each slice brought into shared memory first where its mask is whole 16-byte words), and the two-pass
-kernels, a block per row (causal rows) or split over the blocks of a cluster (the other forwards, the fp64 backward
-at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of their keys, narrowed to the
-columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN).
+where it starts elsewhere in its vector than x's, as some rows of a mask broadcast over the batch do; at 1023, 1500
+and 2001 columns, past a warp's four vectors a thread in 16-bit types, one warp at five, six and eight),
+element-wise loads (x one element off a vector boundary, whose rows start elsewhere in their vectors than y's), a
+group of lanes per row, a block per row in registers (on sm_90, where few such blocks fit a multiprocessor, and
+causal rows of 8 KiB or more, brought into shared memory by bulk copies first: forward, 16384 in 16-bit types and
+fp32 but not causal, 2048 in fp64 and causal fp32; backward, causal rows of 16384 in 16-bit types and of 8192 in
+fp32), a row split over the blocks of a cluster on sm_90 each holding its slice in registers (20000 and 65536
+without a causal limit: the backward but in fp64 at 65536, the forward with an additive mask that the staged kernel
+below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000,
+16-bit at 131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte
+words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other
+forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of
+their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN).
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
 learnable bias (backward_with_bias_grad).
 """
@@ -27,7 +27,7 @@ import scaled_mask_softmax as sms
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ROW_LENGTHS = (1, 7, 64, 197, 1000, 1023, 2048, 3001, 8192, 16384, 20000, 40001, 65536, 100000, 131080)
+ROW_LENGTHS = (1, 7, 64, 197, 1000, 1023, 1500, 2001, 2048, 3001, 8192, 16384, 20000, 40001, 65536, 100000, 131080)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
 

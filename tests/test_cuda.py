@@ -248,12 +248,14 @@ def test_one_staged_kernel_given_less_shared_memory_between_launches():
 # Rows that start mid-vector (a row length not a whole number of 16-byte vectors), read from the vector boundary
 # before each row by the register kernels (kShifted): ViT's 197 columns, Swin's 49, a decoding step's 1037 keys, and
 # rows up to the longest a block holds (bf16 8191, fp32 4095); causal ones among them short of kCausalTwoPassColumns.
-# bf16 rows of 1037 columns and fp32 of 601 span just past a warp's kTargetIters vectors a thread (one warp a row).
+# bf16 rows of 1037 columns and fp32 of 601 span just past a warp's kTargetIters vectors a thread (one warp a row);
+# bf16 of 1500, fp32 of 801 and fp16 of 2001 take it at six, seven and eight vectors a thread.
 # A key-padding mask's rows start elsewhere in their vectors than x's (read across two vectors), a bias's in some
 # rows and not others; a full mask's as x's (read in vectors). The second batch all masked by the key-padding mask.
 @pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 3, 5, 197)), (torch.float16, (2, 4, 3, 49)),
                                           (torch.float32, (2, 3, 5, 197)), (torch.bfloat16, (2, 8, 1, 1037)),
-                                          (torch.float32, (2, 3, 5, 601)),
+                                          (torch.float32, (2, 3, 5, 601)), (torch.bfloat16, (2, 3, 5, 1500)),
+                                          (torch.float32, (2, 3, 5, 801)), (torch.float16, (2, 3, 5, 2001)),
                                           (torch.bfloat16, (2, 2, 3, 8191)), (torch.float32, (2, 2, 3, 4095)),
                                           (torch.float16, (2, 3, 33, 3))])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias", "causal"])

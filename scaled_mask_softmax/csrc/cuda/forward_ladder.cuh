@@ -138,14 +138,14 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 
 // Rows that start mid-vector span one vector more than their length takes where they start on a boundary (most of
 // them do): rows of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread.
-// Rows of up to a warp's kJustPastWarpIters vectors take one warp at that many vectors a thread, where plan_block
-// gives blocks of two warps and half of each thread's vectors empty, with a barrier in each reduction.
-constexpr int kJustPastWarpIters = kTargetIters + 1;
-
+// Rows of more than a warp's kTargetIters vectors and up to its kMaxIters take one warp at as many vectors a thread
+// as they need (5-8; Whisper's 1500 bf16 columns span up to 189 vectors: six), where plan_block gives blocks of two
+// warps at kTargetIters, up to half of each thread's vectors empty, with a barrier in each reduction. H200, bf16 rows
+// of 1500 columns over the floor: 1.40 -> 1.05 without a mask, causal 1.64 -> 1.29 (benchmarks/NOTES.md, v106).
 inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector) {
   const int64_t vectors = ceil_div(cols + vec - 1, vec);
-  if (vectors > kWarp * kTargetIters && vectors <= kWarp * kJustPastWarpIters) {
-    return {true, kJustPastWarpIters, kWarp, kWarp};
+  if (vectors > kWarp * kTargetIters && vectors <= kWarp * kMaxIters) {
+    return {true, static_cast<int>(ceil_div(vectors, kWarp)), kWarp, kWarp};
   }
   return plan_block(cols + vec - 1, vec, registers_per_vector);
 }
@@ -244,10 +244,12 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (has_mask_v<mask_t>) {
       mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
     }
-    if (plan.iters == kJustPastWarpIters) {
-      with_flag(p.is_causal, [&](auto causal) {
-        forward_in_registers<scalar_t, mask_t, VEC, kJustPastWarpIters, causal(), false, true>
-            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
+    if (plan.threads == kWarp && plan.iters > kTargetIters) {
+      with_past_target_iters(plan.iters, [&](auto iters) {
+        with_flag(p.is_causal, [&](auto causal) {
+          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, true>
+              <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
+        });
       });
       return true;
     }

@@ -438,4 +438,17 @@ decltype(auto) with_iters(int iters, Body&& body) {
   }
 }
 
+// As with_iters, for iters of kTargetIters + 1 to kMaxIters: one warp a row, where a row is just too long for a warp
+// at kTargetIters (shifted_plan).
+template <typename Body>
+decltype(auto) with_past_target_iters(int iters, Body&& body) {
+  static_assert(kTargetIters + 4 == kMaxIters);
+  switch (iters) {
+    case kTargetIters + 1: return body(std::integral_constant<int, kTargetIters + 1>{});
+    case kTargetIters + 2: return body(std::integral_constant<int, kTargetIters + 2>{});
+    case kTargetIters + 3: return body(std::integral_constant<int, kTargetIters + 3>{});
+    default: return body(std::integral_constant<int, kMaxIters>{});
+  }
+}
+
 }  // namespace sms
