@@ -160,16 +160,20 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
       return false;
     }
     return with_flag(p.is_causal, [&](auto causal) {
-      const RowPlan plan =
-          plan_block(p.cols + VEC - 1, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(causal()));
+      const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(causal()));
       if (!plan.in_registers) return false;
       BackwardParams shifted = p;
       const at::Tensor y_tail = copy_tail<scalar_t, VEC>(p.y, p.y_end, p.cols, shifted.y_tail, stream);
       const at::Tensor dy_tail = copy_tail<scalar_t, VEC>(p.dy, p.dy_end, p.cols, shifted.dy_tail, stream);
-      with_iters(plan.iters, [&](auto iters) {
+      const auto launch = [&](auto iters) {
         backward_in_registers<scalar_t, VEC, decltype(iters)::value, causal(), /*kShifted=*/true>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
-      });
+      };
+      if (plan.iters > kTargetIters) {
+        with_past_target_iters(plan.iters, launch);
+      } else {
+        with_iters(plan.iters, launch);
+      }
       return true;
     });
   }

@@ -136,20 +136,6 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
   }
 }
 
-// Rows that start mid-vector span one vector more than their length takes where they start on a boundary (most of
-// them do): rows of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread.
-// Rows of more than a warp's kTargetIters vectors and up to its kMaxIters take one warp at as many vectors a thread
-// as they need (5-8; Whisper's 1500 bf16 columns span up to 189 vectors: six), where plan_block gives blocks of two
-// warps at kTargetIters, up to half of each thread's vectors empty, with a barrier in each reduction. H200, bf16 rows
-// of 1500 columns over the floor: 1.40 -> 1.05 without a mask, causal 1.64 -> 1.29 (benchmarks/NOTES.md, v106).
-inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector) {
-  const int64_t vectors = ceil_div(cols + vec - 1, vec);
-  if (vectors > kWarp * kTargetIters && vectors <= kWarp * kMaxIters) {
-    return {true, static_cast<int>(ceil_div(vectors, kWarp)), kWarp, kWarp};
-  }
-  return plan_block(cols + vec - 1, vec, registers_per_vector);
-}
-
 // Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
 // them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched. kShifted: rows that
 // start mid-vector (forward_in_registers'), which forward_staged does not take.
