@@ -9,6 +9,7 @@
 #   scripts/variants.sh run [sweep args]    build, then sweep
 #   scripts/variants.sh test [pytest args]  there: the test suite of each build, in its own tree (default: all)
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
+# NAMES="main v8" limits build, sweep and test to those builds (default: every one packed).
 # The builds are in place, not installed: a script of benchmarks/ run by hand in a build's tree needs
 # PYTHONPATH=/tmp/variants/<name> (Python puts the script's folder first, not the working directory).
 # sweep.jsonl, the table (benchmarks/sweep.py --table) and logs-<action>.tgz go to $OUT.
@@ -18,6 +19,7 @@ action="${1:-}"
 shift || true
 names=()
 for tar in .variants/*.tar; do [ -e "$tar" ] && names+=("$(basename "$tar" .tar)"); done
+[ -z "${NAMES:-}" ] || read -r -a names <<<"$NAMES"
 
 build() {
   local jobs=$(( $(nproc) / ${#names[@]} > 0 ? $(nproc) / ${#names[@]} : 1 ))
