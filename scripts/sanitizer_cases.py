@@ -4,7 +4,8 @@ Each dtype x mask type x row length below reaches one instantiation and dispatch
 start mid-vector (an odd row length: read in vectors from the boundary before each row, from a padded copy of the
 operand's last bytes where a vector would pass its end, as the last row's does; a mask row two vectors at a time
 where it starts elsewhere in its vector than x's, as some rows of a mask broadcast over the batch do; at 1023, 1500
-and 2001 columns, past a warp's four vectors a thread in 16-bit types, one warp at five, six and eight),
+and 2001 columns, past a warp's four vectors a thread in 16-bit types, one warp at five, six and eight; rows that
+start on a boundary likewise at 1088 and 2048 columns, at five and eight),
 element-wise loads (x one element off a vector boundary, whose rows start elsewhere in their vectors than y's), a
 group of lanes per row, a block per row in registers (on sm_90, where few such blocks fit a multiprocessor, and
 causal rows of 8 KiB or more, brought into shared memory by bulk copies first: forward, 16384 in 16-bit types and
@@ -27,7 +28,8 @@ import scaled_mask_softmax as sms
 from scaled_mask_softmax.reference import scaled_mask_softmax_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ROW_LENGTHS = (1, 7, 64, 197, 1000, 1023, 1500, 2001, 2048, 3001, 8192, 16384, 20000, 40001, 65536, 100000, 131080)
+ROW_LENGTHS = (1, 7, 64, 197, 1000, 1023, 1088, 1500, 2001, 2048, 3001, 8192, 16384, 20000, 40001, 65536, 100000,
+               131080)
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
 

@@ -12,10 +12,13 @@ from conftest import (DEVICES, UNIT_ROUNDOFF, assert_16_bit_softmax_close, asser
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
-# Row lengths and the CUDA branch each reaches (16-bit types read 8-element vectors, fp32 4, fp64 2; a row
-# length that is not a multiple of the vector is read element by element):
-#   1..128 vectors: a group of 1..32 lanes per row, up to 4 vectors per lane (many rows per warp; the backward
-#   without a causal limit holds up to 2 a lane below 65 vectors, and 2 a thread in the blocks that follow);
+# Row lengths and the CUDA branch each reaches (16-bit types read 8-element vectors, fp32 4, fp64 2; rows of a
+# length that is not a multiple of the vector start mid-vector, and are read from the vector boundary before each,
+# spanning a vector more, in fp64 element by element):
+#   1..128 vectors: a group of 1..32 lanes per row, up to 4 vectors per lane (many rows per warp; up to 2 a lane
+#   in the forward below 9 vectors and the causal backward below 17, and in the backward without a causal limit
+#   below 65 vectors, and 2 a thread in the blocks that follow);
+#   129..256 vectors: one warp per row, 5..8 vectors a lane (1000 and 1024 in fp32, 2048 in 16 bits);
 #   then one block per row with the row in registers, up to 16384 columns (4096 element by element), the max and
 #   sum reduced at once from blocks of 256 threads (rows of over 896 vectors);
 #   beyond: two passes, one block per row; on sm_90 a row without a causal limit is split over the blocks of a

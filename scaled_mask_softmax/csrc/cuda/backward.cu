@@ -36,6 +36,16 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
 // it sees, so more threads a row lose there (v15): causal rows keep kTargetIters.
 constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
 
+// The register kernels' causal rows of at most kShortCausalVectors vectors take two a thread nonetheless, in groups
+// of twice the lanes, measured faster. bf16 causal rows over the floor: 49 columns (7 vectors, mid-vector) 3.34 ->
+// 2.40, 64 columns 1.47 -> 1.41, 97 columns 1.86 -> 1.59, 128 columns 1.21 -> 1.19 (an H100; NOTES, v108). The
+// learnable bias's backward keeps backward_target_iters(causal): not measured there.
+constexpr int64_t kShortCausalVectors = 16;
+
+inline int backward_target_iters(bool causal, int64_t cols, int vec) {
+  return ceil_div(cols, int64_t{vec}) <= kShortCausalVectors ? 2 : backward_target_iters(causal);
+}
+
 // Rows without a causal limit of kRereadVectors.first to .second 16-byte vectors (up to two a thread) take
 // backward_reread: measured 0.7-2.4% faster than the register kernels from 512 to 8192 16-bit columns and 512 to
 // 4096 fp32 ones (benchmarks/NOTES.md, v34); in blocks of kRereadWideThreads beyond two vectors a thread of
@@ -111,6 +121,28 @@ bool narrowed_at_half(const BackwardParams& p) {
 // bf16 rows of 65,536 columns measured 1.15 -> 1.01 of the floor (version 63).
 constexpr int kLongRowNarrowedParts = 4;
 
+// Launches backward_in_registers on the rows of `plan` (register_plan's), or backward_staged where it takes them.
+// kShifted: rows that start mid-vector, which backward_staged does not take.
+template <typename scalar_t, int VEC, bool kCausal, bool kShifted = false>
+void launch_backward_in_registers(const BackwardParams& p, const RowPlan& plan, cudaStream_t stream) {
+  const auto launch = [&](auto iters) {
+    backward_in_registers<scalar_t, VEC, decltype(iters)::value, kCausal, kShifted>
+        <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+  };
+  if constexpr (VEC > 1) {
+    if (one_warp_past_target(plan)) {
+      with_past_target_iters(plan.iters, launch);
+      return;
+    }
+  }
+  with_iters(plan.iters, [&](auto iters) {
+    if constexpr (!kShifted) {
+      if (launch_backward_staged<scalar_t, VEC, decltype(iters)::value, kCausal>(p, plan, stream)) return;
+    }
+    launch(iters);
+  });
+}
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const auto launch_narrowed = [&](const BackwardParams& narrowed) {
@@ -122,7 +154,8 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     return;
   }
   if (launch_backward_reread<scalar_t, VEC, kCausal>(p, stream)) return;
-  const RowPlan plan = plan_block(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal));
+  const RowPlan plan =
+      register_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(kCausal, p.cols, VEC));
   if (!plan.in_registers) {
     if (narrowed_to_visible(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
       return;
@@ -134,12 +167,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     }
     return;
   }
-  with_iters(plan.iters, [&](auto iters) {
-    constexpr int kIters = decltype(iters)::value;
-    if (launch_backward_staged<scalar_t, VEC, kIters, kCausal>(p, plan, stream)) return;
-    backward_in_registers<scalar_t, VEC, kIters, kCausal><<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(
-        p, plan.width);
-  });
+  launch_backward_in_registers<scalar_t, VEC, kCausal>(p, plan, stream);
 }
 
 template <typename scalar_t, int VEC>
@@ -160,20 +188,13 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
       return false;
     }
     return with_flag(p.is_causal, [&](auto causal) {
-      const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2), backward_target_iters(causal()));
+      const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2),
+                                        backward_target_iters(causal(), p.cols + VEC - 1, VEC));
       if (!plan.in_registers) return false;
       BackwardParams shifted = p;
       const at::Tensor y_tail = copy_tail<scalar_t, VEC>(p.y, p.y_end, p.cols, shifted.y_tail, stream);
       const at::Tensor dy_tail = copy_tail<scalar_t, VEC>(p.dy, p.dy_end, p.cols, shifted.dy_tail, stream);
-      const auto launch = [&](auto iters) {
-        backward_in_registers<scalar_t, VEC, decltype(iters)::value, causal(), /*kShifted=*/true>
-            <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
-      };
-      if (plan.iters > kTargetIters) {
-        with_past_target_iters(plan.iters, launch);
-      } else {
-        with_iters(plan.iters, launch);
-      }
+      launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted, plan, stream);
       return true;
     });
   }

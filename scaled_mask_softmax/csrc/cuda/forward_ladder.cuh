@@ -145,6 +145,18 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
   // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
   // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
+  if constexpr (VEC > 1) {
+    if (one_warp_past_target(plan)) {
+      if (!unstaged_too) return false;
+      with_past_target_iters(plan.iters, [&](auto iters) {
+        with_flag(p.is_causal, [&](auto causal) {
+          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, kShifted>
+              <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
+        });
+      });
+      return true;
+    }
+  }
   return with_iters(plan.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     return with_flag(p.is_causal, [&](auto causal) {
@@ -171,6 +183,16 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
   });
 }
 
+// Vectors a thread of the register kernels aim to hold in the forward: kTargetIters, and two in rows of at most
+// kShortForwardVectors (groups of twice the lanes), measured faster. bf16 rows of 49 columns, which start mid-vector (7 vectors), over the floor: 2.98 ->
+// 2.14 without a mask, causal 3.94 -> 2.67, a full mask 1.94 -> 1.50; rows of 64 columns 0.91-1.03 of their time
+// (a full mask and a bias gain, key padding loses 3%); rows of 13-16 vectors mixed, 0.87-1.12 (an H100; NOTES, v108).
+constexpr int64_t kShortForwardVectors = 8;
+
+inline int forward_target_iters(int64_t cols, int vec) {
+  return ceil_div(cols, int64_t{vec}) <= kShortForwardVectors ? 2 : kTargetIters;
+}
+
 template <typename scalar_t, typename mask_t, int VEC>
 void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -187,7 +209,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
       narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kHalfNarrowedParts, stream, launch_narrowed)) {
     return;
   }
-  const RowPlan plan = plan_block(p.cols, VEC, registers_for<acc_t>(VEC, 1));
+  const RowPlan plan = register_plan(p.cols, VEC, registers_for<acc_t>(VEC, 1), forward_target_iters(p.cols, VEC));
   const bool long_causal = p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>;
   if (plan.in_registers && !long_causal) {
     launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/true, stream);
@@ -222,22 +244,14 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
                             sizeof(scalar_t))) {
       return false;
     }
-    const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1));
+    const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
+                                      forward_target_iters(p.cols + VEC - 1, VEC));
     if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
     at::Tensor mask_tail;
     if constexpr (has_mask_v<mask_t>) {
       mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
-    }
-    if (plan.threads == kWarp && plan.iters > kTargetIters) {
-      with_past_target_iters(plan.iters, [&](auto iters) {
-        with_flag(p.is_causal, [&](auto causal) {
-          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, true>
-              <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(shifted, plan.width);
-        });
-      });
-      return true;
     }
     return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true, stream);
   }

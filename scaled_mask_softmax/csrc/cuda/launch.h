@@ -171,20 +171,29 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector, int t
   return {false, 1, kLongRowThreads, kLongRowThreads};
 }
 
-// The plan of rows that start mid-vector (the register kernels' kShifted), read from the vector boundary before each
-// row: they span one vector more than their length takes where they start on a boundary (most of them do), so rows
-// of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread. Rows of more than
-// a warp's kTargetIters vectors and up to its kMaxIters take one warp at as many vectors a thread as they need (5-8;
-// Whisper's 1500 bf16 columns span up to 189 vectors: six), where plan_block gives blocks of two warps at
-// kTargetIters, up to half of each thread's vectors empty, with a barrier in each reduction. Over the floor
-// (benchmarks/NOTES.md, v106 and v107): the forward of bf16 rows of 1500 columns 1.40 -> 1.05 without a mask, causal
-// 1.64 -> 1.29 (H200); the causal backward of 1023 columns 1.20 -> 1.07 (H100).
-inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
-  const int64_t vectors = ceil_div(cols + vec - 1, vec);
-  if (vectors > kWarp * kTargetIters && vectors <= kWarp * kMaxIters) {
+// The plan of the register kernels' rows: plan_block's, except that rows of more than a warp's kTargetIters vectors
+// and up to its kMaxIters take one warp at as many vectors a thread as they need (5-8), where plan_block gives blocks
+// of two warps at kTargetIters, up to half of each thread's vectors empty, with a barrier in each reduction. Over the
+// floor (benchmarks/NOTES.md, v106, v107 and v110): bf16 rows of 1500 columns that start mid-vector 1.40 -> 1.05
+// without a mask, causal 1.64 -> 1.29 (H200); rows of 1088 columns 1.15 -> 1.00, causal 1.30 -> 1.05, 1152 columns
+// 1.11 -> 1.00 (H100); the causal backward of 1023 columns 1.20 -> 1.07, of 1088 1.07 -> 1.03 (H100). Element by
+// element (vec 1): plan_block's.
+inline RowPlan register_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
+  const int64_t vectors = ceil_div(cols, vec);
+  if (vec > 1 && vectors > kWarp * kTargetIters && vectors <= kWarp * kMaxIters) {
     return {true, static_cast<int>(ceil_div(vectors, kWarp)), kWarp, kWarp};
   }
-  return plan_block(cols + vec - 1, vec, registers_per_vector, target_iters);
+  return plan_block(cols, vec, registers_per_vector, target_iters);
+}
+
+// Whether `plan` is register_plan's one warp past kTargetIters vectors a thread (with_past_target_iters).
+inline bool one_warp_past_target(const RowPlan& plan) { return plan.threads == kWarp && plan.iters > kTargetIters; }
+
+// The plan of rows that start mid-vector (the register kernels' kShifted), read from the vector boundary before each
+// row: they span one vector more than their length takes where they start on a boundary (most of them do), so rows
+// of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread.
+inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
+  return register_plan(cols + vec - 1, vec, registers_per_vector, target_iters);
 }
 
 inline int current_device() {
@@ -454,7 +463,7 @@ decltype(auto) with_iters(int iters, Body&& body) {
   }
 }
 
-// As with_iters, for iters of kTargetIters + 1 to kMaxIters: shifted_plan's rows of one warp.
+// As with_iters, for iters of kTargetIters + 1 to kMaxIters: register_plan's rows of one warp.
 template <typename Body>
 decltype(auto) with_past_target_iters(int iters, Body&& body) {
   static_assert(kTargetIters + 4 == kMaxIters);
