@@ -184,9 +184,10 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
 }
 
 // Vectors a thread of the register kernels aim to hold in the forward: kTargetIters, and two in rows of at most
-// kShortForwardVectors (groups of twice the lanes), measured faster. bf16 rows of 49 columns, which start mid-vector (7 vectors), over the floor: 2.98 ->
-// 2.14 without a mask, causal 3.94 -> 2.67, a full mask 1.94 -> 1.50; rows of 64 columns 0.91-1.03 of their time
-// (a full mask and a bias gain, key padding loses 3%); rows of 13-16 vectors mixed, 0.87-1.12 (an H100; NOTES, v108).
+// kShortForwardVectors (groups of twice the lanes), measured faster. bf16 rows of 49 columns, which start mid-vector
+// (7 vectors), over the floor: 2.98 -> 2.14 without a mask, causal 3.94 -> 2.67, a full mask 1.94 -> 1.50; rows of 64
+// columns 0.91-1.03 of their time (a full mask and a bias gain, key padding loses 3%); rows of 13-16 vectors mixed,
+// 0.87-1.12 (an H100; NOTES, v108).
 constexpr int64_t kShortForwardVectors = 8;
 
 inline int forward_target_iters(int64_t cols, int vec) {
