@@ -2,7 +2,9 @@
 
     python scripts/spill_report.py .venv/build.log [--strict]
 
-With --strict the exit status is 1 when any kernel spills (or the log holds no resource report at all).
+With --strict the exit status is 1 when any kernel spills (or the log holds no resource report at all). Kernels
+that keep a stack frame without spilling are listed too, apart: an array the compiler could not keep in registers
+(indexed at run time), read and written through local memory on every use.
 """
 import argparse
 import re
@@ -30,6 +32,12 @@ def spilling_kernels(log_text):
     return found
 
 
+def kernels_with_a_frame(log_text):
+    """{kernel: stack frame bytes} for every kernel that keeps a stack frame but spills nothing."""
+    return {name: int(frame) for name, frame, stores, loads in PROPERTIES.findall(log_text)
+            if int(frame) and not int(stores) and not int(loads)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log")
@@ -38,9 +46,13 @@ def main(argv=None) -> int:
     text = open(args.log, errors="replace").read()
     reported = len(PROPERTIES.findall(text))
     spills = spilling_kernels(text)
-    print(f"ptxas resource report: {reported} kernel entries, {len(spills)} kernels spill")
+    frames = kernels_with_a_frame(text)
+    print(f"ptxas resource report: {reported} kernel entries, {len(spills)} kernels spill, "
+          f"{len(frames)} more keep a stack frame")
     for readable, (frame, stores, loads) in sorted(zip(demangle(list(spills)), spills.values())):
         print(f"  {stores:4d} B stored, {loads:4d} B loaded, {frame:4d} B frame  {readable}")
+    for readable, frame in sorted(zip(demangle(list(frames)), frames.values())):
+        print(f"  {frame:4d} B frame, no spill  {readable}")
     if args.strict and (spills or not reported):
         return 1
     return 0

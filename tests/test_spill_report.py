@@ -13,11 +13,24 @@ ptxas info    : Function properties for _Z4fastv
 ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem
 ptxas info    : Function properties for _Z4slowv
     16 bytes stack frame, 12 bytes spill stores, 24 bytes spill loads
+ptxas info    : Function properties for _Z7indexedv
+    64 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 """
 
 
 def test_only_spilling_kernels_are_listed():
     assert spill_report.spilling_kernels(LOG) == {"_Z4slowv": (16, 12, 24)}
+
+
+def test_kernels_that_keep_a_stack_frame_without_spilling_are_listed_apart(tmp_path, capsys):
+    assert spill_report.kernels_with_a_frame(LOG) == {"_Z7indexedv": 64}
+    log = tmp_path / "build.log"
+    no_spills = LOG.replace("12 bytes spill stores, 24 bytes spill loads", "0 bytes spill stores, 0 bytes spill loads")
+    log.write_text(no_spills)
+    assert spill_report.main([str(log), "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "0 kernels spill, 2 more keep a stack frame" in out
+    assert "64 B frame, no spill  indexed()" in out
 
 
 def test_strict_fails_on_spills_and_on_a_log_without_a_report(tmp_path, capsys):
