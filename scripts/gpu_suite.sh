@@ -4,7 +4,8 @@
 #   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned
 # unaligned: rows that start mid-vector (benchmarks/unaligned.py), and the same shapes against the peers.
 # gpu-tests runs only the tests marked gpu (CI runs the others on every commit), in the files GPU_TESTS names
-# (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest).
+# (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest),
+# and only those GPU_TESTS_K selects, if set (pytest's -k: GPU_TESTS_K="staged or cluster").
 # Logs and results go to $OUT (default gpu-logs); the last line of each stage is printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ for stage in "${stages[@]}"; do
     build) python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 ;;
     tests) python3 -m pytest -q -s -p no:cacheprovider --durations=25 >"$OUT/tests.log" 2>&1 ;;
     gpu-tests) python3 -m pytest -q -s -p no:cacheprovider --durations=25 -m gpu ${GPU_TESTS:-} \
-                 >"$OUT/gpu-tests.log" 2>&1 ;;
+                 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} >"$OUT/gpu-tests.log" 2>&1 ;;
     fuzz) SCALED_MASK_SOFTMAX_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-2000}" \
             python3 -m pytest -q -p no:cacheprovider tests/test_properties.py >"$OUT/fuzz.log" 2>&1 ;;
     check) python3 -m scaled_mask_softmax check >"$OUT/check.log" 2>&1 ;;
