@@ -136,14 +136,15 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
   }
 }
 
-// Launches the rows that blocks or groups of lanes hold whole in registers (`plan`): by forward_staged where it takes
-// them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched. kShifted: rows that
-// start mid-vector (forward_in_registers'), which forward_staged does not take.
+// Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged
+// where it takes them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
+// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take.
 template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
-  // Rows that take more than kTargetIters vectors a thread are those too long for the most threads a block has at
-  // kTargetIters, so their blocks have more than half of that: never fewer than kOneReductionThreads.
+  // Past register_plan's rows of one warp (below), rows that take more than kTargetIters vectors a thread are those
+  // too long for the most threads a block has at kTargetIters, so their blocks have more than half of that: never
+  // fewer than kOneReductionThreads.
   static_assert(max_threads_for(kTargetIters * registers_for<acc_t>(VEC, 1)) / 2 >= kOneReductionThreads);
   if constexpr (VEC > 1) {
     if (one_warp_past_target(plan)) {
