@@ -283,22 +283,29 @@ __device__ __forceinline__ T* vectors_from(T* row, Index lead, Index cols, const
   return reinterpret_cast<T*>(static_cast<const char*>(tail.copy) + offset);
 }
 
+// words[w] = words[w + kStep] for every w that has one, where `moved`. kStep a constant: the inner loop of a loop
+// over the steps was left rolled where it had more than four 32-bit words to move (32-byte vectors), and `words` went
+// to a stack frame indexed at run time (ptxas, sm_90).
+template <int kStep, int kWords>
+__device__ __forceinline__ void words_down_if(uint32_t (&words)[kWords], bool moved) {
+#pragma unroll
+  for (int w = 0; w + kStep < kWords; ++w) words[w] = moved ? words[w + kStep] : words[w];
+}
+
 // The vector that starts `shift_bytes` into `below`, the rest from `above`, the vector after it: 32-bit words
 // chosen in halving steps, then a funnel shift within words. Where a row's elements lie elsewhere in their vectors
 // than x's (MaskShift), two vector loads and this take the place of a load of each element.
 template <typename V>
 __device__ __forceinline__ V joined_at(const V& below, const V& above, int shift_bytes) {
   constexpr int kWords = static_cast<int>(sizeof(V) / 4);
-  static_assert(kWords >= 1 && sizeof(V) % 4 == 0, "vectors of whole 32-bit words");
+  static_assert(kWords == 1 || kWords == 2 || kWords == 4 || kWords == 8, "vectors of 1, 2, 4 or 8 32-bit words");
   uint32_t words[2 * kWords];
   memcpy(words, &below, sizeof(below));
   memcpy(words + kWords, &above, sizeof(above));
-#pragma unroll
-  for (int step = kWords / 2; step >= 1; step /= 2) {
-    const bool moved = (shift_bytes / 4) & step;
-#pragma unroll
-    for (int w = 0; w + step < 2 * kWords; ++w) words[w] = moved ? words[w + step] : words[w];
-  }
+  const int shift_words = shift_bytes / 4;
+  if constexpr (kWords >= 8) words_down_if<4>(words, shift_words & 4);
+  if constexpr (kWords >= 4) words_down_if<2>(words, shift_words & 2);
+  if constexpr (kWords >= 2) words_down_if<1>(words, shift_words & 1);
   uint32_t joined[kWords];
 #pragma unroll
   for (int w = 0; w < kWords; ++w) joined[w] = __funnelshift_r(words[w], words[w + 1], shift_bytes % 4 * 8);
