@@ -175,26 +175,44 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   with_flag(p.is_causal, [&](auto causal) { backward_ladder<scalar_t, VEC, causal()>(p, stream); });
 }
 
-// Launches backward_in_registers on rows that start mid-vector, as launch_shifted the forward's: where dy's and dx's
-// rows start as far into a vector as y's and whole rows fit a block's registers; false otherwise. Not fp64.
+// Whether rows that start mid-vector may be read in vectors: dy's and dx's rows start as far into a vector as y's.
+template <typename scalar_t, int VEC>
+bool gradient_rows_shifted_alike(const BackwardParams& p) {
+  return rows_shifted_alike(p.y, p.y_strides, p.dy, p.dy_strides, p.shape, VEC, sizeof(scalar_t)) &&
+         rows_shifted_alike(p.y, p.y_strides, p.dx, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
+                            sizeof(scalar_t));
+}
+
+// `p` for rows that start mid-vector, with the copies of y's and dy's last bytes (TailCopy) that it reads, held until
+// the launch is queued.
+struct ShiftedGradient {
+  BackwardParams params;
+  at::Tensor y_tail;
+  at::Tensor dy_tail;
+};
+
+template <typename scalar_t, int VEC>
+ShiftedGradient shifted_gradient(const BackwardParams& p, cudaStream_t stream) {
+  ShiftedGradient shifted{p};
+  shifted.y_tail = copy_tail<scalar_t, VEC>(p.y, p.y_end, p.cols, shifted.params.y_tail, stream);
+  shifted.dy_tail = copy_tail<scalar_t, VEC>(p.dy, p.dy_end, p.cols, shifted.params.dy_tail, stream);
+  return shifted;
+}
+
+// Launches backward_in_registers on rows that start mid-vector, as launch_shifted the forward's: where
+// gradient_rows_shifted_alike and whole rows fit a block's registers; false otherwise. Not fp64.
 template <typename scalar_t, int VEC>
 bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) > 4) {
     return false;
   } else {
-    if (!rows_shifted_alike(p.y, p.y_strides, p.dy, p.dy_strides, p.shape, VEC, sizeof(scalar_t)) ||
-        !rows_shifted_alike(p.y, p.y_strides, p.dx, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
-                            sizeof(scalar_t))) {
-      return false;
-    }
+    if (!gradient_rows_shifted_alike<scalar_t, VEC>(p)) return false;
     return with_flag(p.is_causal, [&](auto causal) {
       const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2),
                                         backward_target_iters(causal(), p.cols + VEC - 1, VEC));
       if (!plan.in_registers) return false;
-      BackwardParams shifted = p;
-      const at::Tensor y_tail = copy_tail<scalar_t, VEC>(p.y, p.y_end, p.cols, shifted.y_tail, stream);
-      const at::Tensor dy_tail = copy_tail<scalar_t, VEC>(p.dy, p.dy_end, p.cols, shifted.dy_tail, stream);
-      launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted, plan, stream);
+      const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
+      launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted.params, plan, stream);
       return true;
     });
   }
@@ -225,19 +243,40 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
 
 // Launches backward_with_bias_grad where a block's registers hold the rows, with parts enough of each bias row's
 // rows (make_bias_grad_parts) for the groups to fill the device: their sums into `sums`. False otherwise.
-template <typename scalar_t, int VEC, bool kCausal>
-bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, BackwardParams& p, at::Tensor& sums,
+// kShifted: rows that start mid-vector, where groups of lanes or a warp hold them (shifted_plan).
+template <typename scalar_t, int VEC, bool kCausal, bool kShifted = false>
+bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, const BackwardParams& p, at::Tensor& sums,
                                     cudaStream_t stream) {
-  const RowPlan plan = plan_block(p.cols, VEC, bias_grad_registers_per_vector<scalar_t, VEC>,
-                                  backward_target_iters(kCausal));
-  if (!plan.in_registers) return false;
-  with_iters(plan.iters, [&](auto iters) {
-    const auto kernel = backward_with_bias_grad<scalar_t, VEC, decltype(iters)::value, kCausal>;
-    const int64_t resident_groups = int64_t{resident_blocks(kernel, plan.threads)} *
-                                    device_attribute(cudaDevAttrMultiProcessorCount) * (plan.threads / plan.width);
-    sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_groups, bias_rows), p);
-    kernel<<<blocks_for(p.bias_grad_rows, plan), plan.threads, 0, stream>>>(p, plan.width);
-  });
+  constexpr int kRegisters = bias_grad_registers_per_vector<scalar_t, VEC>;
+  const int target_iters = backward_target_iters(kCausal);
+  const RowPlan plan = kShifted ? shifted_plan(p.cols, VEC, kRegisters, target_iters)
+                                : plan_block(p.cols, VEC, kRegisters, target_iters);
+  // Rows that start mid-vector: where groups of lanes or a warp hold them; past kTargetIters vectors a thread, in
+  // 16-bit types only (fp32 rows at seven spilled 4 bytes: ptxas, sm_90).
+  constexpr bool kPastTargetToo = !kShifted || sizeof(scalar_t) == 2;
+  if (!plan.in_registers || (kShifted && (plan.width > kWarp || (plan.iters > kTargetIters && !kPastTargetToo)))) {
+    return false;
+  }
+  ShiftedGradient launched{p};
+  if constexpr (kShifted) launched = shifted_gradient<scalar_t, VEC>(p, stream);
+  BackwardParams& params = launched.params;
+  const auto launch = [&](auto iters) {
+    constexpr int kIters = decltype(iters)::value;
+    if constexpr (kIters <= kTargetIters || kPastTargetToo) {
+      const auto kernel = backward_with_bias_grad<scalar_t, VEC, kIters, kCausal, kShifted>;
+      const int64_t resident_groups = int64_t{resident_blocks(kernel, plan.threads)} *
+                                      device_attribute(cudaDevAttrMultiProcessorCount) * (plan.threads / plan.width);
+      sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_groups, bias_rows), params);
+      kernel<<<blocks_for(params.bias_grad_rows, plan), plan.threads, 0, stream>>>(params, plan.width);
+    }
+  };
+  if constexpr (kShifted) {
+    if (plan.iters > kTargetIters) {
+      with_past_target_iters(plan.iters, launch);
+      return true;
+    }
+  }
+  with_iters(plan.iters, launch);
   return true;
 }
 
@@ -259,8 +298,17 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
                          rows_aligned(p.y, p.y_strides, p.shape, kVec, sizeof(scalar_t)) &&
                          rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
     with_flag(p.is_causal, [&](auto causal) {
-      launched = aligned ? launch_backward_with_bias_grad<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream)
-                         : launch_backward_with_bias_grad<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
+      if (aligned) {
+        launched = launch_backward_with_bias_grad<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream);
+        return;
+      }
+      if constexpr (sizeof(scalar_t) <= 4) {
+        if (gradient_rows_shifted_alike<scalar_t, kVec>(p)) {
+          launched = launch_backward_with_bias_grad<scalar_t, kVec, causal(), /*kShifted=*/true>(y, bias_rows, p, sums,
+                                                                                               stream);
+        }
+      }
+      if (!launched) launched = launch_backward_with_bias_grad<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
     });
   });
   if (!launched) {

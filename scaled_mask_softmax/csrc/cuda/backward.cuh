@@ -178,6 +178,25 @@ struct GradientRow : RowStart<Index, kShifted> {
     store_vector<VEC, kTwoPass>(dx, col, dx_values);
   }
 
+  // store_gradient(), the score gradients y * (dy - row_dot) going to `score_grads` (backward_with_bias_grad's rows
+  // that start mid-vector, which add them to their sums in the row's own columns: add_in_row_columns); hidden keys,
+  // and the columns past the row, give 0.
+  __device__ __forceinline__ void store_gradient_of_scores(Index col, const Raw& raw, acc_t row_dot,
+                                                           acc_t (&score_grads)[VEC]) const {
+    acc_t y_values[VEC], dy_values[VEC], dx_values[VEC];
+    widen(raw.y, y_values);
+    widen(raw.dy, dy_values);
+    const Index visible = visible_in(col);
+    const Index within = end - col;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const bool seen = v < within && (!kCausal || v < visible);
+      score_grads[v] = seen ? y_values[v] * (dy_values[v] - row_dot) : acc_t(0);
+      dx_values[v] = scale * score_grads[v];
+    }
+    store_vector_within<VEC, kTwoPass>(dx, col, dx_values, first, end);
+  }
+
   // Hidden keys get 0, whatever their (unread) y holds.
   __device__ __forceinline__ void store_gradient(Index col, const Raw& raw, acc_t row_dot) const {
     if (col >= end) return;
@@ -260,6 +279,30 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>,
   }
 }
 
+// Adds to `sums` the score gradients of a row that starts `first` elements into its vector, held as loaded from the
+// vector boundary before it (kShifted), in the row's own columns, where a row that starts on a boundary holds them:
+// each vector's elements from `first` on, then the first `first` of the vector after it, which the next lane of the
+// group holds (the group's first lane, as its next vector, for the last lane). Groups of up to a warp's lanes, all of
+// which go round every row (warp_has_row).
+template <int VEC, int ITERS, typename acc_t>
+__device__ __forceinline__ void add_in_row_columns(const acc_t (&score_grads)[ITERS][VEC], int first,
+                                                   const RowCover& cover, acc_t (&sums)[ITERS][VEC]) {
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    Vector<acc_t, VEC> here, after;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      // A group's first lane is read only by its last, which wants the vector after its own: its next one.
+      const acc_t sent = cover.lane() != 0 ? score_grads[i][v] : i + 1 < ITERS ? score_grads[i + 1][v] : acc_t(0);
+      after.element[v] = __shfl_sync(0xffffffffu, sent, cover.lane() + 1, cover.width());
+      here.element[v] = score_grads[i][v];
+    }
+    const Vector<acc_t, VEC> in_row_columns = joined_at(here, after, first * static_cast<int>(sizeof(acc_t)));
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sums[i][v] += in_row_columns.element[v];
+  }
+}
+
 // Registers a vector of backward_with_bias_grad's rows costs a thread: y and dy as backward_in_registers holds them,
 // and the vector's sums in the compute type.
 template <typename scalar_t, int VEC>
@@ -274,10 +317,12 @@ constexpr int bias_grad_max_threads = max_threads_for(ITERS * bias_grad_register
 // backward_in_registers takes them, adding each row's score gradient to its sums in registers as it stores dx; then
 // stores the sums, once. y and dy are read once, dx and the sums written once, where autograd's composite formed the
 // score gradients apart, in fp32, and summed them in a kernel of its own.
-template <typename scalar_t, int VEC, int ITERS, bool kCausal>
-__global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, ITERS>)
+// kShifted: rows that may start mid-vector, as GradientRow's, in groups of lanes or a warp (add_in_row_columns),
+// whose blocks are one warp (kShortRowThreads, shifted_plan).
+template <typename scalar_t, int VEC, int ITERS, bool kCausal, bool kShifted = false>
+__global__ void __launch_bounds__(kShifted ? kShortRowThreads : bias_grad_max_threads<scalar_t, VEC, ITERS>)
     backward_with_bias_grad(const BackwardParams p, const int width) {
-  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
+  using Row = GradientRow<scalar_t, VEC, kCausal, int, kShifted>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   const RowCover cover(width);
@@ -295,16 +340,32 @@ __global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, ITERS>)
     for (int64_t repeat = first; repeat < first + p.rows_per_part; ++repeat) {
       Row g(p, (repeat < repeats ? repeat : repeats - 1) * p.bias_rows.value + bias_row);
       if (!stored || repeat >= repeats) g.clip(0);
-      gradient_in_registers<VEC, ITERS>(g, cover, reduce, [&](int i, int col, const auto& raw, acc_t row_dot) {
-        g.store_and_add_gradient(col, raw, row_dot, sums[i]);
-      });
+      if constexpr (kShifted) {
+        acc_t score_grads[ITERS][VEC];
+        gradient_in_registers<VEC, ITERS>(g, cover, reduce, [&](int i, int col, const auto& raw, acc_t row_dot) {
+          g.store_gradient_of_scores(col, raw, row_dot, score_grads[i]);
+        });
+        add_in_row_columns(score_grads, g.first, cover, sums);
+      } else {
+        gradient_in_registers<VEC, ITERS>(g, cover, reduce, [&](int i, int col, const auto& raw, acc_t row_dot) {
+          g.store_and_add_gradient(col, raw, row_dot, sums[i]);
+        });
+      }
     }
     if (!stored) continue;
     acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * p.cols;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int col = cover.column(i, VEC);
-      if (col < p.cols) store_vector<VEC, false>(bias_grad, col, sums[i]);
+      if constexpr (kShifted) {
+        // The bias's rows start mid-vector too: element by element, once a group.
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          if (col + v < p.cols) bias_grad[col + v] = sums[i][v];
+        }
+      } else if (col < p.cols) {
+        store_vector<VEC, false>(bias_grad, col, sums[i]);
+      }
     }
   }
 }
