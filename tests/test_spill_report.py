@@ -27,10 +27,18 @@ def test_kernels_that_keep_a_stack_frame_without_spilling_are_listed_apart(tmp_p
     log = tmp_path / "build.log"
     no_spills = LOG.replace("12 bytes spill stores, 24 bytes spill loads", "0 bytes spill stores, 0 bytes spill loads")
     log.write_text(no_spills)
-    assert spill_report.main([str(log), "--strict"]) == 0
+    assert spill_report.main([str(log)]) == 0
     out = capsys.readouterr().out
     assert "0 kernels spill, 2 more keep a stack frame" in out
     assert "64 B frame, no spill  indexed()" in out
+
+
+def test_strict_fails_on_a_stack_frame_and_passes_without_one(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text(LOG.replace("12 bytes spill stores, 24 bytes spill loads", "0 bytes spill stores, 0 bytes spill loads"))
+    assert spill_report.main([str(log), "--strict"]) == 1
+    log.write_text(LOG.split("ptxas info    : Function properties for _Z4slowv")[0])
+    assert spill_report.main([str(log), "--strict"]) == 0
 
 
 def test_strict_fails_on_spills_and_on_a_log_without_a_report(tmp_path, capsys):
