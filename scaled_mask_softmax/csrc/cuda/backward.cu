@@ -209,7 +209,7 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
     if (!gradient_rows_shifted_alike<scalar_t, VEC>(p)) return false;
     return with_flag(p.is_causal, [&](auto causal) {
       const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2),
-                                        backward_target_iters(causal(), p.cols + VEC - 1, VEC));
+                                        backward_target_iters(causal(), shifted_span(p.cols, VEC), VEC));
       if (!plan.in_registers) return false;
       const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
       launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted.params, plan, stream);

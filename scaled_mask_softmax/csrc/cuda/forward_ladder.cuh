@@ -247,7 +247,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
       return false;
     }
     const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
-                                      forward_target_iters(p.cols + VEC - 1, VEC));
+                                      forward_target_iters(shifted_span(p.cols, VEC), VEC));
     if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);

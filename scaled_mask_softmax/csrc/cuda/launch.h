@@ -189,11 +189,14 @@ inline RowPlan register_plan(int64_t cols, int vec, int registers_per_vector, in
 // Whether `plan` is register_plan's one warp past kTargetIters vectors a thread (with_past_target_iters).
 inline bool one_warp_past_target(const RowPlan& plan) { return plan.threads == kWarp && plan.iters > kTargetIters; }
 
-// The plan of rows that start mid-vector (the register kernels' kShifted), read from the vector boundary before each
-// row: they span one vector more than their length takes where they start on a boundary (most of them do), so rows
-// of 1017-1024 bf16 columns span 129 vectors, one past what a warp holds at kTargetIters a thread.
+// The most columns a row that starts mid-vector spans, read from the vector boundary before it (the register
+// kernels' kShifted): its own and up to vec - 1 before its start. So rows of 1018-1024 bf16 columns span 129 vectors,
+// one past what a warp holds at kTargetIters a thread.
+inline int64_t shifted_span(int64_t cols, int vec) { return cols + vec - 1; }
+
+// The plan of rows that start mid-vector: register_plan's for the columns they span.
 inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
-  return register_plan(cols + vec - 1, vec, registers_per_vector, target_iters);
+  return register_plan(shifted_span(cols, vec), vec, registers_per_vector, target_iters);
 }
 
 inline int current_device() {
