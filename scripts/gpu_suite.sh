@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: build in place, the whole test suite (GPU tests included), check,
 # doctor, compute-sanitizer and the benchmark. Pick stages as arguments (default: all but sanitize and bench):
-#   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned
+#   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned learnable
 # unaligned: rows that start mid-vector (benchmarks/unaligned.py), and the same shapes against the peers.
+# learnable: forward+backward with a learnable fp32 bias against the peers (benchmarks/learnable_bias.py), at the
+# shapes LEARNABLE_SHAPES names (comma-separated).
 # gpu-tests runs only the tests marked gpu (CI runs the others on every commit), in the files GPU_TESTS names
 # (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest),
 # and only those GPU_TESTS_K selects, if set (pytest's -k: GPU_TESTS_K="staged or cluster").
@@ -13,6 +15,7 @@ OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" NCCL_NVLS_ENABLE=0
 UNALIGNED_GRID="${UNALIGNED_GRID:-64x12x197x197,1024x4x49x49,8x32x1023x1023,8x20x1500x1500}"
+LEARNABLE_SHAPES="${LEARNABLE_SHAPES:-$UNALIGNED_GRID,8x32x1024x1024}"
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(build tests check doctor)
 status=0
@@ -31,6 +34,8 @@ for stage in "${stages[@]}"; do
     unaligned) { python3 benchmarks/unaligned.py --grid "$UNALIGNED_GRID" &&
                  python3 -m scaled_mask_softmax bench --grid "$UNALIGNED_GRID" --dtypes bfloat16 \
                    --json "$OUT/unaligned.json"; } >"$OUT/unaligned.log" 2>&1 ;;
+    learnable) (for shape in ${LEARNABLE_SHAPES//,/ }; do python3 benchmarks/learnable_bias.py --shape "$shape" || exit 1
+                done) >"$OUT/learnable.log" 2>&1 ;;
     *) echo "unknown stage: $stage" >&2; exit 2 ;;
   esac
   code=$?
