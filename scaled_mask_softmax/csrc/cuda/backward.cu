@@ -280,6 +280,23 @@ bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, cons
   return true;
 }
 
+// Launches backward_with_bias_grad_in_cluster where a cluster's registers (kTargetIters vectors a thread) hold the
+// rows, with parts enough of each bias row's rows for the clusters to fill the device; false otherwise.
+template <typename scalar_t, int VEC, bool kCausal>
+bool launch_backward_with_bias_grad_in_cluster(const at::Tensor& y, int64_t bias_rows, const BackwardParams& p,
+                                               at::Tensor& sums, cudaStream_t stream) {
+  const ClusterShape shape =
+      split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
+  if (shape.blocks_per_row == 0 || shape.wide) return false;
+  const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
+  const int64_t resident_clusters =
+      int64_t{resident_blocks(kernel, shape.threads)} * device_attribute(cudaDevAttrMultiProcessorCount) /
+      shape.blocks_per_row;
+  BackwardParams params = p;
+  sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_clusters, bias_rows), params);
+  return launch_clusters_over(kernel, params, params.bias_grad_rows, shape.blocks_per_row, shape.threads, stream);
+}
+
 std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor& y, const at::Tensor& dy,
                                                                 double scale, bool is_causal,
                                                                 c10::string_view causal_variant, int64_t bias_rows) {
@@ -300,6 +317,12 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
     with_flag(p.is_causal, [&](auto causal) {
       if (aligned) {
         launched = launch_backward_with_bias_grad<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream);
+        if constexpr (sizeof(scalar_t) <= 4) {
+          if (!launched) {
+            launched =
+                launch_backward_with_bias_grad_in_cluster<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream);
+          }
+        }
         return;
       }
       if constexpr (sizeof(scalar_t) <= 4) {
@@ -312,7 +335,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
     });
   });
   if (!launched) {
-    // Rows beyond a block's registers: the score gradients apart, in the compute type, summed by ATen.
+    // Rows beyond a block's registers, and beyond a cluster's where they are in 16-byte vectors: the score gradients
+    // apart, in the compute type, summed by ATen.
     const auto compute_type = at::toOpMathType(y.scalar_type());
     const at::Tensor score_grad =
         backward_cuda(operands.y.to(compute_type), operands.dy.to(compute_type), 1.0, is_causal, causal_variant);

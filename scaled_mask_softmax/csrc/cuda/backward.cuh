@@ -462,6 +462,41 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIte
   });
 }
 
+// backward_with_bias_grad's rows too long for one block's registers but not for a cluster's (sm_90), split as in
+// backward_in_cluster, at kTargetIters vectors a thread: each cluster takes a group of sums, its part of one bias
+// row's rows, a row after another, each block adding the score gradients of its slice to its sums in registers.
+// Causal rows too: where the slices past a row's visible keys only store dx's zeros, these rows' alternative was
+// ATen's, the score gradients formed apart in the compute type from converted copies of y and dy.
+template <typename scalar_t, int VEC, bool kCausal>
+__global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, kTargetIters>)
+    backward_with_bias_grad_in_cluster(const BackwardParams p, const int blocks_per_row) {
+  using Row = GradientRow<scalar_t, VEC, kCausal, int>;
+  using acc_t = typename Row::acc_t;
+  const RowCover cover(blockDim.x);
+  const int64_t repeats = p.bias_rows.quotient(p.rows);
+  for_each_cluster_visit<acc_t, VEC>(p.cols, p.bias_grad_rows, blocks_per_row,
+                                     [&](int64_t group, int begin, int width, const auto& reduce) {
+    int64_t bias_row;
+    const int64_t first = p.bias_rows.quotient(group, bias_row) * p.rows_per_part;
+    const int64_t last = first + p.rows_per_part < repeats ? first + p.rows_per_part : repeats;
+    acc_t sums[kTargetIters][VEC] = {};
+    for (int64_t repeat = first; repeat < last; ++repeat) {
+      Row g(p, repeat * p.bias_rows.value + bias_row);
+      g.start_at(begin);
+      g.clip(width);
+      gradient_in_registers<VEC, kTargetIters>(g, cover, reduce, [&](int i, int col, const auto& raw, acc_t row_dot) {
+        g.store_and_add_gradient(col, raw, row_dot, sums[i]);
+      });
+    }
+    acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * p.cols + begin;
+#pragma unroll
+    for (int i = 0; i < kTargetIters; ++i) {
+      const int col = cover.column(i, VEC);
+      if (col < width) store_vector<VEC, false>(bias_grad, col, sums[i]);
+    }
+  });
+}
+
 // Rows beyond one block's registers, in two passes over slices of the row as in forward_two_pass: pass 1 sums
 // dy * y over the slice, the slices' sums are added through distributed shared memory, pass 2 reads both again
 // (from L2) and writes dx; kUnroll vectors per thread in flight. One block a multiprocessor, as forward_two_pass.

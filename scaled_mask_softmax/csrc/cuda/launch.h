@@ -132,26 +132,32 @@ struct RowSlice {
   __device__ __forceinline__ int64_t row_step() const { return gridDim.x / blocks_per_row; }
 };
 
-// Calls body(visit, begin, width, reduce) for each row a block takes in a kernel that splits rows over the blocks
-// of a cluster (launch_in_cluster): `visit` counts the rows as a grid takes them, [begin, begin + width) is the
-// block's slice of the row, and reduce(value, op, identity) combines one value a thread over the whole row, through
-// distributed shared memory. Value: what the reductions carry (a float, a double, or two floats packed in 64
-// bits), one type a kernel. Every thread of every block of the cluster runs it.
-template <typename Value, int VEC, typename Params, typename Body>
-__device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks_per_row, Body&& body) {
+// Calls body(visit, begin, width, reduce) for each of `visits` rows (or groups of rows) a block takes in a kernel
+// that splits rows of `cols` over the blocks of a cluster (launch_clusters): `visit` counts them as a grid takes
+// them, [begin, begin + width) is the block's slice of the row, and reduce(value, op, identity) combines one value a
+// thread over the whole row, through distributed shared memory. Value: what the reductions carry (a float, a double,
+// or two floats packed in 64 bits), one type a kernel. Every thread of every block of the cluster runs it.
+template <typename Value, int VEC, typename Body>
+__device__ __forceinline__ void for_each_cluster_visit(int64_t cols, int64_t visits, int blocks_per_row, Body&& body) {
   __shared__ Value shared[kWarp];
   __shared__ ClusterExchange<Value, kMaxClusterBlocks> exchange;
-  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  const RowSlice slice(cols, VEC, blocks_per_row);
   exchange.start();
   int round = 0;
   const auto reduce = [&](auto value, auto op, auto identity) {
-    static_assert(std::is_same_v<decltype(value), Value>, "for_each_cluster_row reduces values of one type");
+    static_assert(std::is_same_v<decltype(value), Value>, "for_each_cluster_visit reduces values of one type");
     return exchange.reduce(row_reduce(value, op, identity, blockDim.x, shared), op, blocks_per_row, round++);
   };
-  for (int64_t visit = slice.first_row(); visit < p.rows; visit += slice.row_step()) {
+  for (int64_t visit = slice.first_row(); visit < visits; visit += slice.row_step()) {
     body(visit, static_cast<int>(slice.begin), static_cast<int>(slice.end - slice.begin), reduce);
   }
   exchange.finish();
+}
+
+// for_each_cluster_visit over p's rows.
+template <typename Value, int VEC, typename Params, typename Body>
+__device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks_per_row, Body&& body) {
+  for_each_cluster_visit<Value, VEC>(p.cols, p.rows, blocks_per_row, body);
 }
 
 // Rows that one block (or a group of lanes) holds in registers, `target_iters` vectors per thread where the row
@@ -280,19 +286,20 @@ int resident_blocks(Kernel kernel, int threads) {
   });
 }
 
-// Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to a row;
-// false where the kernel has no sm_90 code or the device holds no such cluster. `shared_bytes`: the dynamic shared
-// memory of a staged kernel's blocks (staged.cuh), which loop over rows in a grid the device holds at once.
+// Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to each
+// of `visits` rows (for_each_cluster_visit); false where the kernel has no sm_90 code or the device holds no such
+// cluster. `shared_bytes`: the dynamic shared memory of a staged kernel's blocks (staged.cuh), which loop over rows
+// in a grid the device holds at once.
 template <typename Params>
-bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_per_row, int threads,
-                     cudaStream_t stream, int64_t shared_bytes = 0) {
+bool launch_clusters_over(void (*kernel)(Params, int), const Params& p, int64_t visits, int blocks_per_row, int threads,
+                          cudaStream_t stream, int64_t shared_bytes = 0) {
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = blocks_per_row;
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(p.rows, kMaxBlocks / blocks_per_row) * blocks_per_row));
+  config.gridDim = dim3(static_cast<unsigned>(std::min(visits, kMaxBlocks / blocks_per_row) * blocks_per_row));
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
   config.stream = stream;
@@ -313,10 +320,17 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
       });
   if (resident_clusters == 0) return false;
   if (shared_bytes > 0) {
-    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(p.rows, resident_clusters) * blocks_per_row));
+    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(visits, resident_clusters) * blocks_per_row));
   }
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
   return true;
+}
+
+// launch_clusters_over p's rows.
+template <typename Params>
+bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_per_row, int threads,
+                     cudaStream_t stream, int64_t shared_bytes = 0) {
+  return launch_clusters_over(kernel, p, p.rows, blocks_per_row, threads, stream, shared_bytes);
 }
 
 // Vectors a thread of the cluster register kernels holds where a row would take kMaxClusterBlocks blocks at
@@ -335,20 +349,25 @@ struct ClusterShape {
   bool wide;
 };
 
-// As few blocks as hold the row at kTargetIters vectors a thread and at most `max_threads` threads a block, up to
-// kMaxClusterBlocks; where a row would take kMaxClusterBlocks, half as many at kWideClusterIters.
-template <typename Params>
-ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
-  const int64_t vectors = ceil_div(p.cols, vec);
+// As few blocks as hold a row of `cols` at kTargetIters vectors a thread and at most `max_threads` threads a block,
+// up to kMaxClusterBlocks; where a row would take kMaxClusterBlocks, half as many at kWideClusterIters.
+inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads) {
+  const int64_t vectors = ceil_div(cols, vec);
   int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
   // One block's rows are the register kernels'.
-  if (p.is_causal || blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return {0, 0, false};
+  if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return {0, 0, false};
   const bool wide = blocks_per_row == kMaxClusterBlocks;
   if (wide) blocks_per_row /= 2;
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
   const int iters = wide ? kWideClusterIters : kTargetIters;
   return {blocks_per_row, static_cast<int>(ceil_div(ceil_div(slice_vectors, iters), kWarp) * kWarp), wide};
+}
+
+// split_over_cluster's shape of p's rows, but none for rows with a causal limit.
+template <typename Params>
+ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
+  return p.is_causal ? ClusterShape{0, 0, false} : split_over_cluster(p.cols, vec, max_threads);
 }
 
 // Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers, as
