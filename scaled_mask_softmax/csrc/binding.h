@@ -234,13 +234,14 @@ inline void check_bias_rows(int64_t bias_rows, const BackwardParams& p) {
                     std::to_string(p.rows), " rows, got ", std::to_string(bias_rows));
 }
 
-// Sets `p` for backward_with_bias_grad's sums over the rows of each bias row in `parts` parts (at most as many as
-// those rows; p.rows > 0), and allocates them: [parts, bias_rows, cols] in y's compute type.
-inline at::Tensor make_bias_grad_parts(const at::Tensor& y, int64_t bias_rows, int64_t parts, BackwardParams& p) {
+// Sets `p` for backward_with_bias_grad's sums over the rows of each bias row in parts, enough that at least `groups`
+// groups of sums (a part of one bias row's rows each; as many as run at once) are formed where the rows allow, and
+// one at least (p.rows > 0); and allocates them: [parts, bias_rows, cols] in y's compute type.
+inline at::Tensor make_bias_grad_parts(const at::Tensor& y, int64_t bias_rows, int64_t groups, BackwardParams& p) {
   const int64_t repeats = p.rows / bias_rows;
-  const int64_t wanted = std::min(parts, repeats);
+  const int64_t wanted = std::clamp<int64_t>((groups + bias_rows - 1) / bias_rows, 1, repeats);
   p.rows_per_part = (repeats + wanted - 1) / wanted;
-  parts = (repeats + p.rows_per_part - 1) / p.rows_per_part;
+  const int64_t parts = (repeats + p.rows_per_part - 1) / p.rows_per_part;
   p.bias_rows = Divisor(bias_rows);
   p.bias_grad_rows = parts * bias_rows;
   at::Tensor sums = at::empty({parts, bias_rows, p.cols}, y.options().dtype(at::toOpMathType(y.scalar_type())));

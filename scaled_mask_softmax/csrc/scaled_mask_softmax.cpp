@@ -206,8 +206,7 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cpu_op(const at::Tens
       y, dy, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   check_bias_rows(bias_rows, p);
   if (p.rows == 0) return {operands.dx, zero_bias_grad(y, bias_rows, p)};
-  const int64_t groups = kGroupsPerThread * at::get_num_threads();
-  const at::Tensor sums = make_bias_grad_parts(y, bias_rows, (groups + bias_rows - 1) / bias_rows, p);
+  const at::Tensor sums = make_bias_grad_parts(y, bias_rows, kGroupsPerThread * at::get_num_threads(), p);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "scaled_mask_softmax_backward",
                                   [&] { backward_with_bias_grad_cpu<scalar_t>(p); });
   return {operands.dx, bias_grad_of_parts(sums)};

@@ -266,7 +266,7 @@ bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, cons
       const auto kernel = backward_with_bias_grad<scalar_t, VEC, kIters, kCausal, kShifted>;
       const int64_t resident_groups = int64_t{resident_blocks(kernel, plan.threads)} *
                                       device_attribute(cudaDevAttrMultiProcessorCount) * (plan.threads / plan.width);
-      sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_groups, bias_rows), params);
+      sums = make_bias_grad_parts(y, bias_rows, resident_groups, params);
       kernel<<<blocks_for(params.bias_grad_rows, plan), plan.threads, 0, stream>>>(params, plan.width);
     }
   };
@@ -289,11 +289,10 @@ bool launch_backward_with_bias_grad_in_cluster(const at::Tensor& y, int64_t bias
       split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
   if (shape.blocks_per_row == 0 || shape.wide) return false;
   const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
-  const int64_t resident_clusters = ceil_div(
-      int64_t{resident_blocks(kernel, shape.threads)} * device_attribute(cudaDevAttrMultiProcessorCount),
-      int64_t{shape.blocks_per_row});
+  const int64_t resident_clusters = int64_t{resident_blocks(kernel, shape.threads)} *
+                                    device_attribute(cudaDevAttrMultiProcessorCount) / shape.blocks_per_row;
   BackwardParams params = p;
-  sums = make_bias_grad_parts(y, bias_rows, ceil_div(resident_clusters, bias_rows), params);
+  sums = make_bias_grad_parts(y, bias_rows, resident_clusters, params);
   return launch_clusters_over(kernel, params, params.bias_grad_rows, shape.blocks_per_row, shape.threads, stream);
 }
 

@@ -312,6 +312,18 @@ constexpr int bias_grad_registers_per_vector =
 template <typename scalar_t, int VEC, int ITERS>
 constexpr int bias_grad_max_threads = max_threads_for(ITERS * bias_grad_registers_per_vector<scalar_t, VEC>);
 
+// Stores a thread's sums of backward_with_bias_grad, its ITERS vectors of `cover`, those before `cols`, to the
+// bias-gradient row `bias_grad`, whose vectors are whole.
+template <int VEC, int ITERS, typename acc_t>
+__device__ __forceinline__ void store_sums(acc_t* bias_grad, const acc_t (&sums)[ITERS][VEC], const RowCover& cover,
+                                           int cols) {
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int col = cover.column(i, VEC);
+    if (col < cols) store_vector<VEC, false>(bias_grad, col, sums[i]);
+  }
+}
+
 // The backward where the scores took a learnable bias (backward_with_bias_grad, BackwardParams), rows in registers:
 // each group of `width` threads takes a group of sums, its part of one bias row's rows, a row after another as
 // backward_in_registers takes them, adding each row's score gradient to its sums in registers as it stores dx; then
@@ -354,18 +366,18 @@ __global__ void __launch_bounds__(kShifted ? kShortRowThreads : bias_grad_max_th
     }
     if (!stored) continue;
     acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * p.cols;
+    if constexpr (kShifted) {
+      // The bias's rows start mid-vector too: element by element, once a group.
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      const int col = cover.column(i, VEC);
-      if constexpr (kShifted) {
-        // The bias's rows start mid-vector too: element by element, once a group.
+      for (int i = 0; i < ITERS; ++i) {
+        const int col = cover.column(i, VEC);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           if (col + v < p.cols) bias_grad[col + v] = sums[i][v];
         }
-      } else if (col < p.cols) {
-        store_vector<VEC, false>(bias_grad, col, sums[i]);
       }
+    } else {
+      store_sums(bias_grad, sums, cover, static_cast<int>(p.cols));
     }
   }
 }
@@ -488,12 +500,7 @@ __global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, kTargetIt
         g.store_and_add_gradient(col, raw, row_dot, sums[i]);
       });
     }
-    acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * p.cols + begin;
-#pragma unroll
-    for (int i = 0; i < kTargetIters; ++i) {
-      const int col = cover.column(i, VEC);
-      if (col < width) store_vector<VEC, false>(bias_grad, col, sums[i]);
-    }
+    store_sums(static_cast<acc_t*>(p.bias_grad) + group * p.cols + begin, sums, cover, width);
   });
 }
 
