@@ -58,8 +58,8 @@ def failed(x, mask, mask_name, is_causal, causal_variant):
 
 def learnable_bias_failed(dtype, cols, is_causal):
     """A bias [3, cols] shared by a batch of 5 rows each (backward_with_bias_grad: a group of lanes, a block, rows
-    that start mid-vector at 7 and 197 columns, in vectors but in fp64, and beyond a block's registers at 9000 and,
-    in fp32, 8192: in a cluster's but in fp64), its gradient against the reference's."""
+    that start mid-vector at 7 and 197 columns, in vectors but in fp64, and beyond a block's registers at 9000, 9001
+    and, in fp32, 8192: in a cluster's but in fp64), its gradient against the reference's."""
     x = torch.randn(5, 3, cols, device="cuda", dtype=dtype).requires_grad_()
     bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     bias = torch.randn(3, cols, device="cuda", dtype=bias_dtype).requires_grad_()
@@ -109,7 +109,7 @@ def main() -> int:
     for is_causal in (False, True):
         failures += failed(x, None, "none", is_causal, "lower_right")
     for dtype in DTYPES:
-        for cols in (7, 64, 197, 1000, 8192, 9000):
+        for cols in (7, 64, 197, 1000, 8192, 9000, 9001):
             failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")

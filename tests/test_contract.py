@@ -312,15 +312,15 @@ def test_bias_gradient_under_16_bit_scores_is_summed_in_fp32(device, dtype):
 
 
 # Biases that repeat along leading dims, whose gradient one pass over y and dy sums with dx (on CUDA, in as many parts
-# as fill the device; beyond a block's registers, 12,000 columns, in a cluster's on sm_90 where rows are in 16-byte
-# vectors, by ATen otherwise), and one that repeats along a middle dim, which autograd sums; rows of groups of lanes,
-# of blocks, and rows that start mid-vector (9, 49, 1001 and 1500 columns): in vectors where groups of lanes or a warp
-# hold them (16-bit rows of 1500 columns: one warp at six vectors a thread), their sums moved to the row's own columns,
-# whichever place in its vector each of a bias row's rows starts at (the keys' bias: every place); element by element
-# otherwise (fp32 rows of 1001 and 1500 columns).
+# as fill the device; beyond a block's registers, 9001 and 12,000 columns, in a cluster's on sm_90, in vectors where
+# rows are whole 16-byte vectors, element by element otherwise; by ATen in fp64), and one that repeats along a middle
+# dim, which autograd sums; rows of groups of lanes, of blocks, and rows that start mid-vector (9, 49, 1001 and 1500
+# columns): in vectors where groups of lanes or a warp hold them (16-bit rows of 1500 columns: one warp at six vectors
+# a thread), their sums moved to the row's own columns, whichever place in its vector each of a bias row's rows starts
+# at (the keys' bias: every place); element by element otherwise (fp32 rows of 1001 and 1500 columns).
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [9, 49, 64, 1001, 1500, 4096, 12000])
+@pytest.mark.parametrize("cols", [9, 49, 64, 1001, 1500, 4096, 9001, 12000])
 @pytest.mark.parametrize("bias_shape", [(1,), (5, 1), (1, 4, 5, 1), (3, 4, 5, 1), (4, 1, 1)],
                          ids=["keys", "queries", "heads", "full", "heads_keys"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["not_causal", "lower_right"])

@@ -331,11 +331,16 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
         }
       }
       if (!launched) launched = launch_backward_with_bias_grad<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
+      if constexpr (sizeof(scalar_t) <= 4) {
+        if (!launched) {
+          launched = launch_backward_with_bias_grad_in_cluster<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
+        }
+      }
     });
   });
   if (!launched) {
-    // Rows beyond a block's registers, and beyond a cluster's where they are in 16-byte vectors: the score gradients
-    // apart, in the compute type, summed by ATen.
+    // Rows beyond a cluster's registers, and fp64 rows beyond a block's: the score gradients apart, in the compute
+    // type, summed by ATen.
     const auto compute_type = at::toOpMathType(y.scalar_type());
     const at::Tensor score_grad =
         backward_cuda(operands.y.to(compute_type), operands.dy.to(compute_type), 1.0, is_causal, causal_variant);
