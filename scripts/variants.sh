@@ -8,6 +8,7 @@
 #                                           under the settings in CONFIGS (below)
 #   scripts/variants.sh run [sweep args]    build, then sweep
 #   scripts/variants.sh test [pytest args]  there: the test suite of each build, in its own tree (default: all)
+#   scripts/variants.sh memcheck            there: compute-sanitizer memcheck over each build's sanitizer cases
 # A machine kept warm between calls keeps /tmp/variants, so one call may build and the next sweep.
 # NAMES="main v8" limits build, sweep and test to those builds (default: every one packed).
 # The builds are in place, not installed: a script of benchmarks/ run by hand in a build's tree needs
@@ -66,6 +67,16 @@ run_tests() {
   done
 }
 
+# memcheck with the caching allocator off, so that each tensor is an allocation of its own and a read past an
+# operand's end shows.
+run_memcheck() {
+  for name in "${names[@]}"; do
+    (cd "/tmp/variants/$name" && PYTHONPATH="$PWD" PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+       --error-exitcode 3 python3 scripts/sanitizer_cases.py) >"$OUT/memcheck-$name.log" 2>&1
+    echo "memcheck $name: exit $? | $(tail -n 1 "$OUT/memcheck-$name.log")"
+  done
+}
+
 # The machine sends back only a few files: the logs travel as one archive, named for the action.
 pack_logs() {
   (cd "$OUT" && tar -czf "logs-$action.tgz" ./*.log && rm -f ./*.log)
@@ -94,8 +105,9 @@ case "$action" in
   sweep) sweep "$@"; pack_logs ;;
   run) build; sweep "$@"; pack_logs ;;
   test) run_tests "$@"; pack_logs ;;
+  memcheck) run_memcheck; pack_logs ;;
   *)
     echo "usage: scripts/variants.sh pack REF... | build | sweep [sweep.py arguments] | run [sweep.py arguments]" \
-         "| test [pytest arguments]" >&2
+         "| test [pytest arguments] | memcheck" >&2
     exit 2 ;;
 esac
