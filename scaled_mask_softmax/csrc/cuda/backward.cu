@@ -281,19 +281,23 @@ bool launch_backward_with_bias_grad(const at::Tensor& y, int64_t bias_rows, cons
 }
 
 // Launches backward_with_bias_grad_in_cluster where a cluster's registers (kTargetIters vectors a thread) hold the
-// rows, with parts enough of each bias row's rows for the clusters to fill the device; false otherwise.
+// rows, with parts enough of each bias row's rows for the clusters to fill the device; false otherwise, and for fp64.
 template <typename scalar_t, int VEC, bool kCausal>
 bool launch_backward_with_bias_grad_in_cluster(const at::Tensor& y, int64_t bias_rows, const BackwardParams& p,
                                                at::Tensor& sums, cudaStream_t stream) {
-  const ClusterShape shape =
-      split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
-  if (shape.blocks_per_row == 0 || shape.wide) return false;
-  const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
-  const int64_t resident_clusters = int64_t{resident_blocks(kernel, shape.threads)} *
-                                    device_attribute(cudaDevAttrMultiProcessorCount) / shape.blocks_per_row;
-  BackwardParams params = p;
-  sums = make_bias_grad_parts(y, bias_rows, resident_clusters, params);
-  return launch_clusters_over(kernel, params, params.bias_grad_rows, shape.blocks_per_row, shape.threads, stream);
+  if constexpr (sizeof(scalar_t) > 4) {
+    return false;
+  } else {
+    const ClusterShape shape =
+        split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
+    if (shape.blocks_per_row == 0 || shape.wide) return false;
+    const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
+    const int64_t resident_clusters = int64_t{resident_blocks(kernel, shape.threads)} *
+                                      device_attribute(cudaDevAttrMultiProcessorCount) / shape.blocks_per_row;
+    BackwardParams params = p;
+    sums = make_bias_grad_parts(y, bias_rows, resident_clusters, params);
+    return launch_clusters_over(kernel, params, params.bias_grad_rows, shape.blocks_per_row, shape.threads, stream);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor& y, const at::Tensor& dy,
@@ -314,28 +318,21 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
                          rows_aligned(p.y, p.y_strides, p.shape, kVec, sizeof(scalar_t)) &&
                          rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
     with_flag(p.is_causal, [&](auto causal) {
-      if (aligned) {
-        launched = launch_backward_with_bias_grad<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream);
-        if constexpr (sizeof(scalar_t) <= 4) {
-          if (!launched) {
-            launched =
-                launch_backward_with_bias_grad_in_cluster<scalar_t, kVec, causal()>(y, bias_rows, p, sums, stream);
-          }
-        }
-        return;
-      }
+      // Rows read in vectors of `vec`: in a block's registers, else in a cluster's.
+      const auto in_registers = [&](auto vec) {
+        constexpr int kRowVec = decltype(vec)::value;
+        launched = launch_backward_with_bias_grad<scalar_t, kRowVec, causal()>(y, bias_rows, p, sums, stream) ||
+                   launch_backward_with_bias_grad_in_cluster<scalar_t, kRowVec, causal()>(y, bias_rows, p, sums,
+                                                                                          stream);
+      };
+      if (aligned) return in_registers(std::integral_constant<int, kVec>{});
       if constexpr (sizeof(scalar_t) <= 4) {
         if (gradient_rows_shifted_alike<scalar_t, kVec>(p)) {
           launched = launch_backward_with_bias_grad<scalar_t, kVec, causal(), /*kShifted=*/true>(y, bias_rows, p, sums,
                                                                                                stream);
         }
       }
-      if (!launched) launched = launch_backward_with_bias_grad<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
-      if constexpr (sizeof(scalar_t) <= 4) {
-        if (!launched) {
-          launched = launch_backward_with_bias_grad_in_cluster<scalar_t, 1, causal()>(y, bias_rows, p, sums, stream);
-        }
-      }
+      if (!launched) in_registers(std::integral_constant<int, 1>{});
     });
   });
   if (!launched) {
