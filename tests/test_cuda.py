@@ -521,6 +521,23 @@ def test_learnable_bias_in_cuda_graphs_and_deterministic(bias_shape):
         assert_close_to(replayed[1], dbias_ref, torch.bfloat16, scale=4 * x.numel() // bias.numel())
 
 
+# A learnable bias on rows beyond a cluster's registers, whose score gradients ATen sums and scales into dx: bf16 rows
+# of whole vectors past 65,536 columns (eight blocks of 256 threads at four vectors each), and past 16,384 where
+# they start mid-vector (element by element, 512 threads); causal too.
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 65544), (torch.bfloat16, 16391), (torch.float32, 40000)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_learnable_bias_beyond_a_cluster(dtype, cols, is_causal):
+    x = random_scores((2, 3, cols), dtype, "cuda").requires_grad_()
+    bias = random_scores((cols,), torch.float32, "cuda", generator_seed=4).requires_grad_()
+    y = sms.scaled_mask_softmax(x, bias, 0.6, is_causal, "lower_right")
+    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
+    y.backward(dy)
+    y_ref, dx_ref, dbias_ref = reference_forward_backward(x, bias, 0.6, is_causal, "lower_right", dy)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, dtype, 0.6)
+    assert bias.grad.dtype == torch.float32
+    assert_close_to(bias.grad, dbias_ref, dtype, scale=4 * x.numel() // bias.numel())
+
+
 # Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at
 # 512 and 8192 columns: one and two vectors a thread of 512; at 8200 and 16,384 in blocks of 1024; fp32 at 256, 4096
 # and 8192), and their neighbours outside, which the register kernels take (bf16 at 504 and 16,392, fp32 at 252 and
