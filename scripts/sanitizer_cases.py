@@ -16,7 +16,8 @@ below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks
 16-bit at 131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte
 words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other
 forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of
-their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN).
+their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
+the backward of short rows that start mid-vector read and written as flat runs of whole vectors.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
 learnable bias (backward_with_bias_grad).
 """
@@ -108,6 +109,14 @@ def main() -> int:
     x = torch.randn(400, 16384, device="cuda").requires_grad_()
     for is_causal in (False, True):
         failures += failed(x, None, "none", is_causal, "lower_right")
+    # Short rows that start mid-vector, whose backward takes flat runs (backward_flat) without a causal limit: 16 rows
+    # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them).
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for cols in (49, 97):
+            x = torch.randn(2, 8, cols, device="cuda", dtype=dtype).requires_grad_()
+            for mask_name, mask in masks_for(dtype, 8, cols).items():
+                for is_causal in (False, True):
+                    failures += failed(x, mask, mask_name, is_causal, "lower_right")
     for dtype in DTYPES:
         for cols in (7, 64, 197, 1000, 8192, 9000, 9001):
             failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)

@@ -263,6 +263,37 @@ def test_rows_that_start_mid_vector(dtype, shape, mask_form):
     assert_matches_reference_with(random_scores(shape, dtype, "cuda").requires_grad_(), mask_form, 0.7)
 
 
+# Short rows that start mid-vector, the operands' rows contiguous and a whole number of runs, whose backward without a
+# causal limit takes flat runs (backward_flat): a warp reads and writes a run of rows as whole vectors however the rows
+# fall in them. Swin's 49 columns (runs of eight rows, 49 vectors); fp32 rows of 50 (runs of two rows, doubled to
+# four); rows of 9 and 12 (runs of 32 rows, a row within one vector or across two); rows of 97, 127 and fp32 63 (a
+# run of up to 128 vectors, four a lane). Causal rows, lower-right with more queries than keys, see none at first and
+# come out zero. 2x3x5x49: 30 rows, no whole number of runs, taken from the vector boundary before each row instead.
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 4, 49, 49)), (torch.float16, (2, 2, 8, 9)),
+                                          (torch.float32, (2, 3, 8, 50)), (torch.bfloat16, (2, 4, 16, 12)),
+                                          (torch.bfloat16, (2, 2, 16, 97)), (torch.float16, (2, 1, 8, 127)),
+                                          (torch.float32, (2, 2, 4, 63)), (torch.bfloat16, (2, 3, 5, 49))])
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias", "causal"])
+def test_short_rows_in_flat_runs(dtype, shape, mask_form):
+    assert_matches_reference_with(random_scores(shape, dtype, "cuda").requires_grad_(), mask_form, 0.7)
+
+
+@pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bool), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float32), (torch.float32, torch.float32)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_short_rows_in_flat_runs_with_a_full_mask(dtype, mask_dtype, is_causal):
+    """A mask of x's shape, beside a backward in flat runs; a row all masked comes out zero."""
+    x = random_scores((2, 3, 8, 49), dtype, "cuda").requires_grad_()
+    if mask_dtype == torch.bool:
+        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
+        mask[0, 1, 2] = False
+    else:
+        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
+        mask[0, 1, 2] = float("-inf")
+    y = assert_forward_backward_match(x, mask, 0.5, is_causal)
+    assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+
+
 # Rows that start on a 16-byte boundary and span 129-256 vectors, which one warp holds at five to eight vectors a
 # thread (register_plan), forward and causal backward (the backward of 16-bit and fp32 rows without a causal limit
 # rereads them instead; fp64's is held too): bf16 rows of 1088, 1536, 1792 and 2048 columns, fp16 of 1160, fp32 of

@@ -48,6 +48,16 @@ struct Divisor {
     return n / value;
   }
 
+  // n / d for n and d below 2^31 (magic != 0), known so by the caller: the multiply-high, add and shift alone, with
+  // no 64-bit division beside them (on a GPU a call, whose registers saved across it can take a stack frame).
+  SMS_HOST_DEVICE uint32_t small_quotient(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    return (__umulhi(n, magic) + n) >> shift;
+#else
+    return (static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32) + n) >> shift;
+#endif
+  }
+
   // n / d, with n % d in `rest`.
   SMS_HOST_DEVICE int64_t quotient(int64_t n, int64_t& rest) const {
     const int64_t q = quotient(n);

@@ -11,6 +11,7 @@
 #include "../binding.h"
 #include "alignment.h"
 #include "backward.cuh"
+#include "flat.cuh"
 
 namespace sms {
 namespace {
@@ -233,7 +234,8 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
                          rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
     if (aligned) {
       backward_ladder<scalar_t, kVec>(p, stream);
-    } else if (!launch_backward_shifted<scalar_t, kVec>(p, stream)) {
+    } else if (!launch_backward_flat<scalar_t, kVec>(p, stream) &&
+               !launch_backward_shifted<scalar_t, kVec>(p, stream)) {
       backward_ladder<scalar_t, 1>(p, stream);
     }
   });
