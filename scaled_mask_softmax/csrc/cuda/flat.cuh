@@ -3,8 +3,8 @@
 // written as whole 16-byte vectors, however the rows fall in them, and each row's sum gathered from the vectors that
 // hold it. The register kernels read such rows from the vector boundary before each row's start, masking what lies
 // outside the row, and store the partial vectors at its ends in pieces: at 49 bf16 columns flat runs take 9-14% less
-// time (benchmarks/NOTES.md, v122). The forward's flat runs were slower than its register kernels with most masks,
-// and at 97 columns with every one (v119); a causal limit's, at 97 columns, too (v120).
+// time (benchmarks/NOTES.md, v122). The forward's flat runs were slower than the register kernels with most masks,
+// and at 97 columns with every one (v119); the causal backward's at 97 columns too (v120).
 #pragma once
 
 #include <numeric>
