@@ -339,12 +339,13 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
   });
   if (!launched) {
     // Rows beyond a cluster's registers, and fp64 rows beyond a block's: the score gradients apart, in the compute
-    // type, summed by ATen, and dx their scaled copy, rounded once (one pass over y and dy where two were).
+    // type, summed by ATen, then scaled in place into dx, rounded once (one pass over y and dy where two were).
     const auto compute_type = at::toOpMathType(y.scalar_type());
-    const at::Tensor score_grad =
+    at::Tensor score_grad =
         backward_cuda(operands.y.to(compute_type), operands.dy.to(compute_type), 1.0, is_causal, causal_variant);
-    operands.dx.copy_(score_grad * scale);
-    return {operands.dx, score_grad.reshape({-1, bias_rows, p.cols}).sum(0)};
+    at::Tensor bias_grad = score_grad.reshape({-1, bias_rows, p.cols}).sum(0);
+    operands.dx.copy_(score_grad.mul_(scale));
+    return {operands.dx, bias_grad};
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {operands.dx, bias_grad_of_parts(sums)};
