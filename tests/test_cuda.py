@@ -180,6 +180,19 @@ def assert_matches_reference_with(x, mask_form, scale):
     assert not y.isnan().any()
 
 
+def assert_matches_reference_with_a_full_mask(x, mask_dtype, is_causal):
+    """x's forward and backward against the float64 reference, with a mask of x's shape in `mask_dtype` (bool, or
+    additive) whose row [0, 1, 2] is all masked: that row comes out zero."""
+    if mask_dtype == torch.bool:
+        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
+        mask[0, 1, 2] = False
+    else:
+        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
+        mask[0, 1, 2] = float("-inf")
+    y = assert_forward_backward_match(x, mask, 0.5, is_causal)
+    assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+
+
 # Rows that forward_staged brings into shared memory (on sm_90), those the register kernel would hold in at most
 # two blocks a multiprocessor: 16-bit rows of 16,384 columns, fp32 of 8192 and 16,384, fp64 of 4096; causal rows of
 # at least 8 KiB (bf16 of 4096 columns, fp32 of 2048); and in the backward (backward_staged, one stage), the causal
@@ -283,15 +296,8 @@ def test_short_rows_in_flat_runs(dtype, shape, mask_form):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_short_rows_in_flat_runs_with_a_full_mask(dtype, mask_dtype, is_causal):
     """A mask of x's shape, beside a backward in flat runs; a row all masked comes out zero."""
-    x = random_scores((2, 3, 8, 49), dtype, "cuda").requires_grad_()
-    if mask_dtype == torch.bool:
-        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
-        mask[0, 1, 2] = False
-    else:
-        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
-        mask[0, 1, 2] = float("-inf")
-    y = assert_forward_backward_match(x, mask, 0.5, is_causal)
-    assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+    assert_matches_reference_with_a_full_mask(random_scores((2, 3, 8, 49), dtype, "cuda").requires_grad_(), mask_dtype,
+                                              is_causal)
 
 
 # Rows that start on a 16-byte boundary and span 129-256 vectors, which one warp holds at five to eight vectors a
@@ -312,15 +318,8 @@ def test_rows_one_warp_holds_past_four_vectors_a_thread(dtype, cols, mask_form):
 def test_rows_that_start_mid_vector_with_a_full_mask(dtype, mask_dtype, is_causal):
     """A mask of x's shape starts each row as far into its vector as x's, and is read in vectors with it; rows all
     masked come out zero."""
-    x = random_scores((2, 3, 7, 197), dtype, "cuda").requires_grad_()
-    if mask_dtype == torch.bool:
-        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
-        mask[0, 1, 2] = False
-    else:
-        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
-        mask[0, 1, 2] = float("-inf")
-    y = assert_forward_backward_match(x, mask, 0.5, is_causal)
-    assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
+    assert_matches_reference_with_a_full_mask(random_scores((2, 3, 7, 197), dtype, "cuda").requires_grad_(),
+                                              mask_dtype, is_causal)
 
 
 @pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bool), (torch.bfloat16, torch.bfloat16),
