@@ -57,11 +57,12 @@ def failed(x, mask, mask_name, is_causal, causal_variant):
     return True
 
 
-def learnable_bias_failed(dtype, cols, is_causal):
+def learnable_bias_failed(dtype, cols, is_causal, batch=5):
     """A bias [3, cols] shared by a batch of 5 rows each (backward_with_bias_grad: a group of lanes, a block, rows
     that start mid-vector at 7 and 197 columns, in vectors but in fp64, and beyond a block's registers at 9000, 9001
-    and, in fp32, 8192: in a cluster's but in fp64), its gradient against the reference's."""
-    x = torch.randn(5, 3, cols, device="cuda", dtype=dtype).requires_grad_()
+    and, in fp32, 8192: in a cluster's but in fp64), its gradient against the reference's. A batch of 16 at 49
+    columns: flat runs (backward_flat_with_bias_grad) without a causal limit."""
+    x = torch.randn(batch, 3, cols, device="cuda", dtype=dtype).requires_grad_()
     bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     bias = torch.randn(3, cols, device="cuda", dtype=bias_dtype).requires_grad_()
     dy = torch.randn_like(x)
@@ -120,6 +121,7 @@ def main() -> int:
     for dtype in DTYPES:
         for cols in (7, 64, 197, 1000, 8192, 9000, 9001):
             failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)
+        failures += learnable_bias_failed(dtype, 49, False, batch=16)
     torch.cuda.synchronize()
     print(f"sanitizer cases: {failures} failures")
     return 1 if failures else 0

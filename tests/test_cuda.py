@@ -558,14 +558,33 @@ def test_learnable_bias_in_cuda_graphs_and_deterministic(bias_shape):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_learnable_bias_beyond_a_cluster(dtype, cols, is_causal):
     x = random_scores((2, 3, cols), dtype, "cuda").requires_grad_()
-    bias = random_scores((cols,), torch.float32, "cuda", generator_seed=4).requires_grad_()
+    assert_learnable_bias_matches(x, random_scores((cols,), torch.float32, "cuda", generator_seed=4), is_causal)
+
+
+# A learnable bias on short rows that start mid-vector, whose backward without a causal limit takes flat runs and sums
+# the bias's gradient in them (backward_flat_with_bias_grad): Swin's 49 columns, with a bias over keys (runs of eight
+# rows, each of them a period of the bias's rows), over queries (49 rows: periods of 392 rows), over heads and queries
+# (196 rows: a period of two of the bias's), and of x's shape; fp16 rows of 9 (runs of 32 rows), fp32 rows of 50 (runs
+# of four), bf16 rows of 97 (four vectors a lane).
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 4, 49, 49)), (torch.float16, (2, 2, 16, 9)),
+                                          (torch.float32, (2, 3, 8, 50)), (torch.bfloat16, (2, 2, 16, 97))])
+@pytest.mark.parametrize("bias_dims", [1, 2, 3, 4], ids=["keys", "queries", "heads", "full"])
+def test_learnable_bias_in_flat_runs(dtype, shape, bias_dims):
+    x = random_scores(shape, dtype, "cuda").requires_grad_()
+    assert_learnable_bias_matches(x, random_scores(shape[-bias_dims:], torch.float32, "cuda", generator_seed=4), False)
+
+
+def assert_learnable_bias_matches(x, bias, is_causal):
+    """y, x's gradient and the fp32 bias's (summed over the dims it is broadcast along) against the float64
+    reference."""
+    bias.requires_grad_()
     y = sms.scaled_mask_softmax(x, bias, 0.6, is_causal, "lower_right")
-    dy = random_scores(x.shape, dtype, "cuda", generator_seed=1)
+    dy = random_scores(x.shape, x.dtype, "cuda", generator_seed=1)
     y.backward(dy)
     y_ref, dx_ref, dbias_ref = reference_forward_backward(x, bias, 0.6, is_causal, "lower_right", dy)
-    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, dtype, 0.6)
+    assert_outputs_match(y, x.grad, y_ref, dx_ref, dy, x.dtype, 0.6)
     assert bias.grad.dtype == torch.float32
-    assert_close_to(bias.grad, dbias_ref, dtype, scale=4 * x.numel() // bias.numel())
+    assert_close_to(bias.grad, dbias_ref, x.dtype, scale=4 * x.numel() // bias.numel())
 
 
 # Rows of 64 to 2048 16-byte vectors without a causal limit, which the backward reads twice in a block a row (bf16 at

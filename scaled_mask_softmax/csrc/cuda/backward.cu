@@ -329,7 +329,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_bias_grad_cuda(const at::Tensor
       };
       if (aligned) return in_registers(std::integral_constant<int, kVec>{});
       if constexpr (sizeof(scalar_t) <= 4) {
-        if (gradient_rows_shifted_alike<scalar_t, kVec>(p)) {
+        launched = launch_backward_flat_with_bias_grad<scalar_t, kVec>(y, bias_rows, p, sums, stream);
+        if (!launched && gradient_rows_shifted_alike<scalar_t, kVec>(p)) {
           launched = launch_backward_with_bias_grad<scalar_t, kVec, causal(), /*kShifted=*/true>(y, bias_rows, p, sums,
                                                                                                stream);
         }
