@@ -4,6 +4,9 @@ floor (each operand read once and each result written once: x, bias, y; y, dy, d
 --causal, the operands read only where a query sees its key, upper-left, as a decoder's relative position bias).
 
     python benchmarks/learnable_bias.py [--shape 8x32x1024x1024] [--dtype bfloat16] [--causal] [--device cuda]
+        [--kernels]
+
+--kernels adds the GPU's busy time per step (bench.kernel_ms), for small shapes whose wall time the launches set.
 """
 import argparse
 
@@ -27,7 +30,10 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--causal", action="store_true", help="query i sees keys j <= i (upper-left)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--kernels", action="store_true", help="also the GPU's busy time per step")
     args = parser.parse_args()
+    if args.kernels and not args.device.startswith("cuda"):
+        parser.error("--kernels: needs a CUDA --device")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(args.shape, generator=generator).to(device, dtype).requires_grad_()
@@ -63,7 +69,8 @@ def main():
           f"{list(bias.shape)}, copy {copy_per_ms / 1e6:.0f} GB/s; forward+backward")
     for name, fn, floor in cases:
         ms = bench.median_ms(fn, device, grad_to_none=(x, bias))
-        print(f"{name:34} {ms:8.3f} ms  {ms / floors[floor]:5.2f}x its floor ({floors[floor]:.3f} ms)")
+        kernels = f"  kernels {bench.kernel_ms(fn, device, (x, bias)):.3f} ms" if args.kernels else ""
+        print(f"{name:34} {ms:8.3f} ms  {ms / floors[floor]:5.2f}x its floor ({floors[floor]:.3f} ms){kernels}")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,26 @@ def median_ms(fn, device, grad_to_none=()):
     return statistics.median(times) * 1e3
 
 
+def kernel_ms(fn, device, grad_to_none=(), calls=50):
+    """The GPU's busy time per call of fn, from the profiler's record of its kernels, copies and memsets: what the
+    kernels cost where the host's launches, not the kernels, set the wall time (small shapes). Caches stay warm."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def call():
+        for tensor in grad_to_none:
+            tensor.grad = None
+        fn()
+
+    for _ in range(5):
+        call()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(calls):
+            call()
+        synchronize(device)
+    return sum(event.self_device_time_total for event in profiler.key_averages()) / calls / 1e3
+
+
 def copy_bytes_per_ms(device):
     """The copy ceiling: bytes read + written per ms by a device-to-device copy far larger than any cache."""
     source = torch.randn(COPY_BYTES[device.type] // 4, device=device)

@@ -141,6 +141,18 @@ def test_device_slug():
     assert bench.device_slug("cpu (x86_64)") == "cpu"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_ms_counts_each_launch_of_a_step_once():
+    source = torch.randn(2**26, device="cuda")
+    target = torch.empty_like(source)
+    device = source.device
+    once = bench.kernel_ms(lambda: target.copy_(source), device)
+    twice = bench.kernel_ms(lambda: (target.copy_(source), target.copy_(source)), device)
+    assert 0 < once <= bench.median_ms(lambda: target.copy_(source), device) * 1.2
+    assert 1.7 < twice / once < 2.3
+
+
 def load_benchmark_script(name):
     """One of benchmarks/' scripts as a module (the folder is not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
