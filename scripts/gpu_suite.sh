@@ -4,7 +4,7 @@
 #   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned learnable
 # unaligned: rows that start mid-vector (benchmarks/unaligned.py), and the same shapes against the peers.
 # learnable: forward+backward with a learnable fp32 bias against the peers (benchmarks/learnable_bias.py), at the
-# shapes LEARNABLE_SHAPES names (comma-separated).
+# shapes LEARNABLE_SHAPES names (comma-separated), with the GPU's busy time a step beside the wall time (--kernels).
 # gpu-tests runs only the tests marked gpu (CI runs the others on every commit), in the files GPU_TESTS names
 # (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest),
 # and only those GPU_TESTS_K selects, if set (pytest's -k: GPU_TESTS_K="staged or cluster").
@@ -34,7 +34,7 @@ for stage in "${stages[@]}"; do
     unaligned) { python3 benchmarks/unaligned.py --grid "$UNALIGNED_GRID" &&
                  python3 -m scaled_mask_softmax bench --grid "$UNALIGNED_GRID" --dtypes bfloat16 \
                    --json "$OUT/unaligned.json"; } >"$OUT/unaligned.log" 2>&1 ;;
-    learnable) (for shape in ${LEARNABLE_SHAPES//,/ }; do python3 benchmarks/learnable_bias.py --shape "$shape" || exit 1
+    learnable) (for shape in ${LEARNABLE_SHAPES//,/ }; do python3 benchmarks/learnable_bias.py --shape "$shape" --kernels || exit 1
                 done) >"$OUT/learnable.log" 2>&1 ;;
     *) echo "unknown stage: $stage" >&2; exit 2 ;;
   esac
