@@ -122,13 +122,16 @@ struct FlatRun {
   }
 };
 
-// The gradient of the run of y's, dy's and dx's rows at `y`, `dy` and `dx`: each element's dx is
+// The gradient of the run of y's, dy's and dx's rows that starts at element `start` of each: each element's dx is
 // gradient(i, v, y, dy, row_dot), that of element v of the lane's vector i.
 template <typename scalar_t, int VEC, int ITERS, typename Gradient>
-__device__ __forceinline__ void run_gradient(FlatRun<VEC, ITERS>& run, const scalar_t* y, const scalar_t* dy,
-                                             scalar_t* dx, Gradient&& gradient) {
+__device__ __forceinline__ void run_gradient(FlatRun<VEC, ITERS>& run, const BackwardParams& p, int64_t start,
+                                             Gradient&& gradient) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(std::is_same_v<acc_t, float>, "flat runs sum fp32 parts");
+  const scalar_t* const y = static_cast<const scalar_t*>(p.y) + start;
+  const scalar_t* const dy = static_cast<const scalar_t*>(p.dy) + start;
+  scalar_t* const dx = static_cast<scalar_t*>(p.dx) + start;
   // Every load issued before any is used.
   Vector<scalar_t, VEC> raw_y[ITERS], raw_dy[ITERS];
 #pragma unroll
@@ -186,10 +189,8 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<ITERS>)
   const int cols = static_cast<int>(p.cols);
   const acc_t scale = static_cast<acc_t>(p.scale);
   for_each_run<VEC, ITERS>(runs, cols, [&](int64_t visit, FlatRun<VEC, ITERS>& run) {
-    const int64_t start = visit * runs.rows * cols;
-    run_gradient(run, static_cast<const scalar_t*>(p.y) + start, static_cast<const scalar_t*>(p.dy) + start,
-                 static_cast<scalar_t*>(p.dx) + start,
-                 [&](int, int, acc_t y, acc_t dy, acc_t row_dot) { return scale * y * (dy - row_dot); });
+    run_gradient<scalar_t>(run, p, visit * runs.rows * cols,
+                           [&](int, int, acc_t y, acc_t dy, acc_t row_dot) { return scale * y * (dy - row_dot); });
   });
 }
 
@@ -211,13 +212,12 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatBiasGradMinBlocks<ITERS>)
     const int64_t last_period = first_period + p.rows_per_part < periods ? first_period + p.rows_per_part : periods;
     acc_t sums[ITERS][VEC] = {};
     for (int64_t period = first_period; period < last_period; ++period) {
-      const int64_t start = (period * p.bias_rows.value + period_row) * cols;
-      run_gradient(run, static_cast<const scalar_t*>(p.y) + start, static_cast<const scalar_t*>(p.dy) + start,
-                   static_cast<scalar_t*>(p.dx) + start, [&](int i, int v, acc_t y, acc_t dy, acc_t row_dot) {
-                     const acc_t score_grad = y * (dy - row_dot);
-                     sums[i][v] += score_grad;
-                     return scale * score_grad;
-                   });
+      run_gradient<scalar_t>(run, p, (period * p.bias_rows.value + period_row) * cols,
+                             [&](int i, int v, acc_t y, acc_t dy, acc_t row_dot) {
+                               const acc_t score_grad = y * (dy - row_dot);
+                               sums[i][v] += score_grad;
+                               return scale * score_grad;
+                             });
     }
     acc_t* const bias_grad = static_cast<acc_t*>(p.bias_grad) + group * runs.rows * cols;
 #pragma unroll
