@@ -111,9 +111,12 @@ def main() -> int:
     for is_causal in (False, True):
         failures += failed(x, None, "none", is_causal, "lower_right")
     # Short rows that start mid-vector, whose backward takes flat runs (backward_flat) without a causal limit: 16 rows
-    # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them).
+    # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them). With eight
+    # rows a batch, a batch is a whole number of vectors, so the masks over the rows start as far into their vectors
+    # as x's, and the forward reads one vector of them for each of x's (kMaskApart false): here, and at 197 and 1500
+    # columns (four and six vectors a thread).
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        for cols in (49, 97):
+        for cols in (49, 97, 197, 1500):
             x = torch.randn(2, 8, cols, device="cuda", dtype=dtype).requires_grad_()
             for mask_name, mask in masks_for(dtype, 8, cols).items():
                 for is_causal in (False, True):

@@ -180,14 +180,15 @@ def assert_matches_reference_with(x, mask_form, scale):
     assert not y.isnan().any()
 
 
-def assert_matches_reference_with_a_full_mask(x, mask_dtype, is_causal):
-    """x's forward and backward against the float64 reference, with a mask of x's shape in `mask_dtype` (bool, or
-    additive) whose row [0, 1, 2] is all masked: that row comes out zero."""
+def assert_matches_reference_with_a_full_mask(x, mask_dtype, is_causal, mask_shape=None):
+    """x's forward and backward against the float64 reference, with a mask of x's shape (or `mask_shape`) in
+    `mask_dtype` (bool, or additive) whose row [0, 1, 2] is all masked: that row comes out zero."""
+    mask_shape = x.shape if mask_shape is None else mask_shape
     if mask_dtype == torch.bool:
-        mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
+        mask = (torch.rand(mask_shape, generator=torch.Generator().manual_seed(3)) > 0.3).cuda()
         mask[0, 1, 2] = False
     else:
-        mask = random_scores(x.shape, mask_dtype, "cuda", generator_seed=2)
+        mask = random_scores(mask_shape, mask_dtype, "cuda", generator_seed=2)
         mask[0, 1, 2] = float("-inf")
     y = assert_forward_backward_match(x, mask, 0.5, is_causal)
     assert not y[0, 1, 2].any() and not x.grad[0, 1, 2].any()
@@ -320,6 +321,20 @@ def test_rows_that_start_mid_vector_with_a_full_mask(dtype, mask_dtype, is_causa
     masked come out zero."""
     assert_matches_reference_with_a_full_mask(random_scores((2, 3, 7, 197), dtype, "cuda").requires_grad_(),
                                               mask_dtype, is_causal)
+
+
+# A bias over heads and queries whose rows start as far into their vectors as x's: a batch of x is a whole number of
+# vectors, so every batch's rows lie against the bias as the first's (rows_shifted_alike), read one vector of it for
+# each of x's (ScoreLoader's kMaskApart false); rows of two, four (197 columns) and five to seven vectors a thread.
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 8, 3, 197)), (torch.float16, (3, 8, 3, 49)),
+                                          (torch.float32, (2, 4, 3, 197)), (torch.bfloat16, (2, 8, 3, 1037)),
+                                          (torch.bfloat16, (2, 8, 3, 1500)), (torch.float32, (2, 4, 3, 801))])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, "x's", torch.float32])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rows_that_start_mid_vector_with_a_bias_as_far_into_its_vectors(dtype, shape, mask_dtype, is_causal):
+    x = random_scores(shape, dtype, "cuda").requires_grad_()
+    assert_matches_reference_with_a_full_mask(x, dtype if mask_dtype == "x's" else mask_dtype, is_causal,
+                                              mask_shape=(1, *shape[1:]))
 
 
 @pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bool), (torch.bfloat16, torch.bfloat16),

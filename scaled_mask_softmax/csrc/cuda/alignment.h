@@ -23,12 +23,13 @@ inline bool rows_aligned(const void* data, const RowStrides& strides, const RowS
 }
 
 // Whether every row of operand `a` starts as far into a vector of `vec` elements as the same row of operand `b`,
-// both starting on a vector boundary: then a kernel may read and write both from the vector boundary before each
-// row's start (rows that start mid-vector, ScoreLoader's and GradientRow's kShifted).
-inline bool rows_shifted_alike(const void* a, const RowStrides& a_strides, const void* b, const RowStrides& b_strides,
-                               const RowShape& shape, int vec, int element_bytes) {
-  const auto vector_bytes = static_cast<uintptr_t>(vec) * element_bytes;
-  if (reinterpret_cast<uintptr_t>(a) % vector_bytes != 0 || reinterpret_cast<uintptr_t>(b) % vector_bytes != 0) {
+// both starting on a vector boundary (of `vec` elements of each operand's own size): then a kernel may read and write
+// both from the vector boundary before each row's start (rows that start mid-vector, ScoreLoader's and GradientRow's
+// kShifted), one vector of `b` for each of `a`'s.
+inline bool rows_shifted_alike(const void* a, const RowStrides& a_strides, int a_element_bytes, const void* b,
+                               const RowStrides& b_strides, int b_element_bytes, const RowShape& shape, int vec) {
+  if (reinterpret_cast<uintptr_t>(a) % (static_cast<uintptr_t>(vec) * a_element_bytes) != 0 ||
+      reinterpret_cast<uintptr_t>(b) % (static_cast<uintptr_t>(vec) * b_element_bytes) != 0) {
     return false;
   }
   for (int d = 0; d < shape.dims; ++d) {

@@ -179,9 +179,10 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
 // Whether rows that start mid-vector may be read in vectors: dy's and dx's rows start as far into a vector as y's.
 template <typename scalar_t, int VEC>
 bool gradient_rows_shifted_alike(const BackwardParams& p) {
-  return rows_shifted_alike(p.y, p.y_strides, p.dy, p.dy_strides, p.shape, VEC, sizeof(scalar_t)) &&
-         rows_shifted_alike(p.y, p.y_strides, p.dx, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
-                            sizeof(scalar_t));
+  constexpr int kBytes = sizeof(scalar_t);
+  return rows_shifted_alike(p.y, p.y_strides, kBytes, p.dy, p.dy_strides, kBytes, p.shape, VEC) &&
+         rows_shifted_alike(p.y, p.y_strides, kBytes, p.dx, contiguous_row_strides(p.shape, p.cols), kBytes, p.shape,
+                            VEC);
 }
 
 // `p` for rows that start mid-vector, with the copies of y's and dy's last bytes (TailCopy) that it reads, held until

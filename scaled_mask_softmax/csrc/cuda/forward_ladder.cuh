@@ -138,8 +138,9 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 
 // Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged
 // where it takes them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
-// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take.
-template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
+// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take; kMaskApart: as
+// forward_in_registers'.
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false, bool kMaskApart = kShifted>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Past register_plan's rows of one warp (below), rows that take more than kTargetIters vectors a thread are those
@@ -151,7 +152,7 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
       if (!unstaged_too) return false;
       with_past_target_iters(plan.iters, [&](auto iters) {
         with_flag(p.is_causal, [&](auto causal) {
-          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, kShifted>
+          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, kShifted, kMaskApart>
               <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         });
       });
@@ -167,7 +168,7 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
           return true;
         }
         if (!unstaged_too) return false;
-        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted>
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted, kMaskApart>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         return true;
       };
@@ -242,8 +243,9 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) > 4) {
     return false;
   } else {
-    if (!rows_shifted_alike(p.x, p.x_strides, p.y, contiguous_row_strides(p.shape, p.cols), p.shape, VEC,
-                            sizeof(scalar_t))) {
+    constexpr int kBytes = sizeof(scalar_t);
+    if (!rows_shifted_alike(p.x, p.x_strides, kBytes, p.y, contiguous_row_strides(p.shape, p.cols), kBytes, p.shape,
+                            VEC)) {
       return false;
     }
     const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
@@ -251,11 +253,20 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
-    at::Tensor mask_tail;
     if constexpr (has_mask_v<mask_t>) {
-      mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
+      const at::Tensor mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
+      // A mask whose rows start as far into their vectors as x's (a full mask, a bias where every batch starts a
+      // whole number of vectors into x) is read one vector for each of x's, with no second to join.
+      const bool apart = !rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, mask_bytes_v<mask_t>,
+                                             p.shape, VEC);
+      return with_flag(apart, [&](auto mask_apart) {
+        return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, mask_apart()>(
+            shifted, plan, /*unstaged_too=*/true, stream);
+      });
+    } else {
+      return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true,
+                                                                           stream);
     }
-    return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true, stream);
   }
 }
 

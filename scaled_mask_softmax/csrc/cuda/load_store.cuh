@@ -370,12 +370,16 @@ struct MaskShift<Index, true> {
 // int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits. kShifted: the
 // row may start mid-vector, as y's does (rows_shifted_alike); its columns are counted from the vector boundary before
 // it, from which x is read, and the row's own start from `first`. A mask row that starts as far into its vector is
-// read in vectors too, any other as the two vectors each of its vectors spans (joined_at).
-template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false>
+// read in vectors too, any other as the two vectors each of its vectors spans (joined_at). kMaskApart: the mask's
+// rows may start elsewhere in their vectors than x's; where not, every one starts as far in as x's
+// (rows_shifted_alike), and no vector is joined or held for it.
+template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false,
+          bool kMaskApart = kShifted>
 struct ScoreLoader : RowStart<Index, kShifted> {
   using RowStart<Index, kShifted>::first;
   static constexpr bool kHasMask = has_mask_v<mask_t>;
   static constexpr bool kShiftedRows = kShifted;
+  static constexpr bool kJoinsMask = kShifted && kHasMask && kMaskApart;
   // A bool mask's vector travels as 32-bit words (additive_terms): loaded as bools, it was split into bytes and
   // packed again.
   static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
@@ -386,14 +390,14 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   struct Raw {
     Vector<scalar_t, VEC> x;
     std::conditional_t<kHasMask, MaskVector, NoMask> mask;
-    [[no_unique_address]] std::conditional_t<kShifted && kHasMask, MaskVector, NoMask> mask_after;
+    [[no_unique_address]] std::conditional_t<kJoinsMask, MaskVector, NoMask> mask_after;
   };
 
   const scalar_t* x;
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
-  [[no_unique_address]] MaskShift<Index, kShifted && kHasMask> mask_shift;
+  [[no_unique_address]] MaskShift<Index, kJoinsMask> mask_shift;
   // The two-pass kernels' loads of x are cached as each pass says (set_caching); the others load plainly.
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
   PassCaching x_caching;
@@ -409,11 +413,13 @@ struct ScoreLoader : RowStart<Index, kShifted> {
       first = lead_of<VEC>(x);
       const auto cols = static_cast<Index>(p.cols);
       x = this->template read_from<VEC>(x - first, cols, p.x_end, p.x_tail);
-      if constexpr (kHasMask) {
+      if constexpr (kJoinsMask) {
         const int shift = lead_of<VEC>(mask - first);
         const Index lead = first + shift;
         mask = vectors_from<VEC>(mask - lead, lead, cols, p.mask_end, p.mask_tail);
         mask_shift = {shift, lead / VEC * VEC, (lead + cols - 1) / VEC * VEC};
+      } else if constexpr (kHasMask) {
+        mask = vectors_from<VEC>(mask - first, first, cols, p.mask_end, p.mask_tail);
       }
     }
     pin_addresses();
@@ -456,7 +462,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
     } else {
       raw.x = load_vector<VEC>(x, col);
     }
-    if constexpr (kShifted && kHasMask) {
+    if constexpr (kJoinsMask) {
       // Loads kept to the row's own vectors, which hold every element used (at shift 0, as x's are).
       raw.mask = load_mask(col > mask_shift.low ? col : mask_shift.low);
       if (mask_shift.shift != 0) {
@@ -483,7 +489,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   __device__ __forceinline__ static void reform_after(Raw& raw) {
     sms::reform_after(raw.x);
     if constexpr (kHasMask) sms::reform_after(raw.mask);
-    if constexpr (kShifted && kHasMask) sms::reform_after(raw.mask_after);
+    if constexpr (kJoinsMask) sms::reform_after(raw.mask_after);
   }
 
   // The scores of a vector wholly before visible_end.
@@ -493,7 +499,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
     for (int i = 0; i < VEC; ++i) s[i] *= scale;
     if constexpr (kHasMask) {
       MaskVector mask_vector = raw.mask;
-      if constexpr (kShifted) {
+      if constexpr (kJoinsMask) {
         if (mask_shift.shift != 0) {
           mask_vector = joined_at(raw.mask, raw.mask_after, mask_shift.shift * static_cast<int>(sizeof(mask_t)));
         }
