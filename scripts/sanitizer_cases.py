@@ -17,7 +17,8 @@ below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks
 words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other
 forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of
 their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
-the backward of short rows that start mid-vector read and written as flat runs of whole vectors.
+the backward of short rows that start mid-vector read and written as flat runs of whole vectors; a mask repeated over
+batches that start elsewhere in their vectors, written out over a few of them.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
 learnable bias (backward_with_bias_grad).
 """
@@ -121,6 +122,13 @@ def main() -> int:
             for mask_name, mask in masks_for(dtype, 8, cols).items():
                 for is_causal in (False, True):
                     failures += failed(x, mask, mask_name, is_causal, "lower_right")
+    # A mask repeated over the batch, whose batches start elsewhere in their vectors, written out over the fewest
+    # batches that span whole vectors (repeat_mask_alike): 128 batches of 3 rows of 197 columns.
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.randn(128, 3, 197, device="cuda", dtype=dtype).requires_grad_()
+        for mask_name, mask in masks_for(dtype, 3, 197).items():
+            if mask is not None:
+                failures += failed(x, mask, mask_name, False, "lower_right")
     for dtype in DTYPES:
         for cols in (7, 64, 197, 1000, 8192, 9000, 9001):
             failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)

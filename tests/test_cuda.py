@@ -357,6 +357,27 @@ def test_rows_that_start_mid_vector_with_a_mask_elsewhere_in_its_vectors(dtype, 
         assert not y[1, 2, 3].any() and not x.grad[1, 2, 3].any()
 
 
+# A mask that repeats over the outermost dims and lies within them as x does, where each of x's batches starts
+# elsewhere in its vectors than the one before: written out over the fewest batches that span whole vectors (2 at 12
+# heads of 3x197 bf16, 8 at 3 heads of 5x13 fp16, 4 at fp32's, 8 for a mask over queries at 4 heads of 5x13), each
+# batch taking its copy. A bias over heads and queries in x's dtype, fp32 and bool, causal or not; the learnable one's
+# gradient too.
+@pytest.mark.parametrize("dtype, shape, mask_dims, mask_dtype", [
+    (torch.bfloat16, (16, 12, 3, 197), 3, torch.bfloat16), (torch.bfloat16, (32, 12, 3, 197), 3, torch.float32),
+    (torch.bfloat16, (16, 12, 3, 197), 3, torch.bool), (torch.float16, (64, 3, 5, 13), 3, torch.float16),
+    (torch.float32, (32, 3, 5, 13), 3, torch.float32), (torch.bfloat16, (16, 4, 5, 13), 2, torch.bfloat16)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_masks_repeated_over_batches_that_start_elsewhere_in_their_vectors(dtype, shape, mask_dims, mask_dtype,
+                                                                           is_causal):
+    x = random_scores(shape, dtype, "cuda").requires_grad_()
+    mask = random_scores(shape[-mask_dims:], torch.float32, "cuda", generator_seed=2)
+    mask = mask > -1.0 if mask_dtype == torch.bool else mask.to(mask_dtype)
+    assert_forward_backward_match(x, mask, 0.5, is_causal, "lower_right")
+    if mask_dtype == torch.float32:
+        x.grad = None
+        assert_learnable_bias_matches(x, mask, is_causal)
+
+
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 0), (0, 3), (8, 8)])
 def test_rows_that_start_mid_vector_unlike_the_output(x_offset, dy_offset):
     """x (or dy) starting `offset` elements into a 16-byte vector: its rows start elsewhere in their vectors than y's

@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <numeric>
+#include <vector>
+
 #include "../binding.h"
 #include "forward_launch.h"
 #include "launch.h"
@@ -36,6 +39,67 @@ RowOrder row_order(const ForwardParams& p, const at::Tensor& mask, int64_t eleme
   return {p.shape.size[0], rows_within};
 }
 
+// A mask that repeats over the outermost dim and lies within it as x does (a bias [1, H, Sq, Sk] of x [B, H, Sq, Sk])
+// starts each row as far into its vectors as x's only in the batches that start a whole number of vectors into x: at
+// 12 heads of 197 bf16 queries (H * Sq * Sk = 4 mod 8), every other one, and in the others the shifted kernels join
+// two vectors of it for each one they use. Where it is small beside x, it is written out over the fewest batches that
+// span whole vectors, and the outermost dim taken as [B / repeats, repeats]: then every mask row starts as x's does.
+// Returns the copy, to be kept until the launch, or an undefined tensor where the mask stays as it is.
+at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Tensor& mask) {
+  const int64_t vec = 16 / x.element_size();
+  if (x.element_size() > 4 || p.mask == nullptr || p.shape.dims + 1 > kMaxOuterDims || p.mask_strides.stride[0] != 0 ||
+      p.cols % vec == 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) {
+    return {};
+  }
+  const int64_t batch_stride = p.x_strides.stride[0];
+  const int64_t batches = p.shape.size[0].value;
+  const int64_t repeats = vec / std::gcd(batch_stride, vec);
+  if (repeats == 1 || batches % repeats != 0) return {};
+  // Within a batch: the mask's strides are x's, and its rows fill the batch's stride with no gap between them, so
+  // that the copy is written whole.
+  std::vector<int64_t> sizes, strides;
+  int64_t elements = p.cols;
+  for (int d = 1; d < p.shape.dims; ++d) {
+    if (p.shape.size[d].value == 1) continue;
+    if (p.mask_strides.stride[d] != p.x_strides.stride[d]) return {};
+    sizes.push_back(p.shape.size[d].value);
+    strides.push_back(p.x_strides.stride[d]);
+    elements *= p.shape.size[d].value;
+  }
+  RowShape within = p.shape;
+  RowStrides within_strides = p.x_strides;
+  within.size[0] = Divisor(1);
+  if (elements != batch_stride || rows_extent(within, within_strides, p.cols) != batch_stride) return {};
+  // Written out at most an eighth of x's bytes.
+  if (8 * repeats * batch_stride * mask.element_size() > p.rows * p.cols * x.element_size()) return {};
+  sizes.push_back(p.cols);
+  strides.push_back(1);
+  const at::Tensor source = mask.as_strided(sizes, strides, mask.storage_offset());
+  sizes.insert(sizes.begin(), repeats);
+  strides.insert(strides.begin(), batch_stride);
+  at::Tensor copy = at::empty({repeats * batch_stride}, mask.options());
+  copy.as_strided(sizes, strides, 0).copy_(source.expand(sizes));
+  RowShape shape;
+  RowStrides x_strides{}, mask_strides{};
+  shape.dims = p.shape.dims + 1;
+  shape.size[0] = Divisor(batches / repeats);
+  shape.size[1] = Divisor(repeats);
+  x_strides.stride[0] = repeats * batch_stride;
+  x_strides.stride[1] = batch_stride;
+  mask_strides.stride[1] = batch_stride;
+  for (int d = 1; d < p.shape.dims; ++d) {
+    shape.size[d + 1] = p.shape.size[d];
+    x_strides.stride[d + 1] = p.x_strides.stride[d];
+    mask_strides.stride[d + 1] = p.mask_strides.stride[d];
+  }
+  p.shape = shape;
+  p.x_strides = x_strides;
+  p.mask_strides = mask_strides;
+  p.mask = copy.data_ptr();
+  p.mask_end = static_cast<const char*>(p.mask) + copy.numel() * copy.element_size();
+  return copy;
+}
+
 at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& mask, double scale, bool is_causal,
                         c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -43,7 +107,8 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   ForwardOperands operands = make_forward_params(
       x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.y;
-  p.order = row_order(p, operands.mask, x.element_size());
+  const at::Tensor mask_copy = repeat_mask_alike(p, x, operands.mask);
+  p.order = row_order(p, mask_copy.defined() ? mask_copy : operands.mask, x.element_size());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
     launch_forward<scalar_t>(p, operands.mask_kind, stream);
