@@ -5,7 +5,8 @@
     python benchmarks/sweep.py --table sweep.jsonl
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
-once per run. --plain times, in place of ours, plain kernels that move the same bytes and compute nothing
+once per run. --kernels adds each kernel's time per call (bench.kernel_times): the launches a call makes, a
+copy or a memset beside ours among them. --plain times, in place of ours, plain kernels that move the same bytes and compute nothing
 (benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a column per
 tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
 """
@@ -57,6 +58,7 @@ def main():
     parser.add_argument("--variants", type=bench.comma_list(tuple(bench.ALL_VARIANTS)), default=None)
     parser.add_argument("--passes", type=bench.comma_list(("fwd", "bwd")), default=["fwd", "bwd"])
     parser.add_argument("--plain", action="store_true", help="time benchmarks/plain.py's kernels instead of ours")
+    parser.add_argument("--kernels", action="store_true", help="also each kernel's time per call")
     parser.add_argument("--device", default="cuda", help="cpu only to try the script")
     args = parser.parse_args()
     if args.table:
@@ -86,6 +88,11 @@ def main():
                    "variant": variant, "pass": pass_name, "ours_ms": ms, "over_floor": ms / floor_ms}
             print(f"{args.tag:10} {'x'.join(map(str, shape)):18} {row['dtype']:9} {variant:11} {pass_name} "
                   f"{ms / floor_ms:5.2f}", flush=True)
+            if args.kernels:
+                row["kernel_us"] = {name: 1e3 * kernel_ms
+                                    for name, kernel_ms in bench.kernel_times(runs[pass_name], device).items()}
+                for name, us in sorted(row["kernel_us"].items(), key=lambda item: -item[1]):
+                    print(f"    {us:8.1f} us  {name[:100]}", flush=True)
             if out:
                 out.write(json.dumps(row) + "\n")
         del x, mask, y, dy

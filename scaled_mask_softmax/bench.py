@@ -197,6 +197,12 @@ def median_ms(fn, device, grad_to_none=()):
 def kernel_ms(fn, device, grad_to_none=(), calls=50):
     """The GPU's busy time per call of fn, from the profiler's record of its kernels, copies and memsets: what the
     kernels cost where the host's launches, not the kernels, set the wall time (small shapes). Caches stay warm."""
+    return sum(kernel_times(fn, device, grad_to_none, calls).values())
+
+
+def kernel_times(fn, device, grad_to_none=(), calls=50):
+    """Each kernel's, copy's and memset's time per call of fn, in ms, by name, from the profiler's record (on the
+    CPU, each op's own time): which launches a call makes and what each costs. Caches stay warm."""
     from torch.profiler import ProfilerActivity, profile
 
     def call():
@@ -207,11 +213,14 @@ def kernel_ms(fn, device, grad_to_none=(), calls=50):
     for _ in range(5):
         call()
     synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+    on_gpu = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as profiler:
         for _ in range(calls):
             call()
         synchronize(device)
-    return sum(event.self_device_time_total for event in profiler.key_averages()) / calls / 1e3
+    own_us = {event.key: event.self_device_time_total if on_gpu else event.self_cpu_time_total
+              for event in profiler.key_averages()}
+    return {name: us / calls / 1e3 for name, us in own_us.items() if us > 0}
 
 
 def copy_bytes_per_ms(device):

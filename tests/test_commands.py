@@ -153,6 +153,15 @@ def test_kernel_ms_counts_each_launch_of_a_step_once():
     assert 1.7 < twice / once < 2.3
 
 
+def test_kernel_times_names_each_launch_of_a_call():
+    x = torch.randn(2, 3, 5, 7)
+    mask = torch.randn(3, 5, 7)
+    times = bench.kernel_times(lambda: torch.ops.scaled_mask_softmax.forward(x, mask, 0.5, False, "upper_left"),
+                               x.device)
+    assert times["scaled_mask_softmax::forward"] > 0
+    assert "scaled_mask_softmax::forward" not in bench.kernel_times(lambda: x.clone(), x.device)
+
+
 def load_benchmark_script(name):
     """One of benchmarks/' scripts as a module (the folder is not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
