@@ -5,10 +5,10 @@
     python benchmarks/sweep.py --table sweep.jsonl
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
-once per run. --kernels adds each kernel's time per call (bench.kernel_times): the launches a call makes, a
-copy or a memset beside ours among them. --plain times, in place of ours, plain kernels that move the same bytes and compute nothing
-(benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a column per
-tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
+once per run. --kernels adds each kernel's time per call (bench.kernel_times): the launches a call makes, a copy or
+a memset beside ours among them. --plain times, in place of ours, plain kernels that move the same bytes and compute
+nothing (benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a
+column per tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
 """
 import argparse
 import collections

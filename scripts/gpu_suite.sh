@@ -34,7 +34,8 @@ for stage in "${stages[@]}"; do
     unaligned) { python3 benchmarks/unaligned.py --grid "$UNALIGNED_GRID" &&
                  python3 -m scaled_mask_softmax bench --grid "$UNALIGNED_GRID" --dtypes bfloat16 \
                    --json "$OUT/unaligned.json"; } >"$OUT/unaligned.log" 2>&1 ;;
-    learnable) (for shape in ${LEARNABLE_SHAPES//,/ }; do python3 benchmarks/learnable_bias.py --shape "$shape" --kernels || exit 1
+    learnable) (for shape in ${LEARNABLE_SHAPES//,/ }; do
+                  python3 benchmarks/learnable_bias.py --shape "$shape" --kernels || exit 1
                 done) >"$OUT/learnable.log" 2>&1 ;;
     *) echo "unknown stage: $stage" >&2; exit 2 ;;
   esac
