@@ -39,13 +39,48 @@ RowOrder row_order(const ForwardParams& p, const at::Tensor& mask, int64_t eleme
   return {p.shape.size[0], rows_within};
 }
 
+// Writes the `span` elements at `source` over and over into `copy`'s first `total`, a 16-byte vector a thread. The
+// copies after the first start mid-vector, and at::Tensor::copy_ from a broadcast source loads and stores each element
+// alone: 3.6 us for two batches of 12 heads of 197x197 bf16 on an H100 (benchmarks/NOTES.md, v130).
+constexpr int kRepeatThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kRepeatThreads) repeat_span(const T* source, int64_t span, T* copy, int64_t total) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kRepeatThreads + threadIdx.x) * kVec;
+  if (first >= total) return;
+  union {
+    uint4 bits;
+    T element[kVec];
+  } vector;
+  int64_t from = first % span;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    vector.element[i] = source[from];
+    from = from + 1 == span ? 0 : from + 1;
+  }
+  if (first + kVec <= total) {
+    *reinterpret_cast<uint4*>(copy + first) = vector.bits;
+  } else {
+    for (int i = 0; first + i < total; ++i) copy[first + i] = vector.element[i];
+  }
+}
+
+template <typename T>
+void launch_repeat_span(const void* source, int64_t span, void* copy, int64_t total, cudaStream_t stream) {
+  const int64_t vectors = ceil_div(total, 16 / static_cast<int64_t>(sizeof(T)));
+  repeat_span<<<static_cast<unsigned>(ceil_div(vectors, kRepeatThreads)), kRepeatThreads, 0, stream>>>(
+      static_cast<const T*>(source), span, static_cast<T*>(copy), total);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // A mask that repeats over the outermost dim and lies within it as x does (a bias [1, H, Sq, Sk] of x [B, H, Sq, Sk])
 // starts each row as far into its vectors as x's only in the batches that start a whole number of vectors into x: at
 // 12 heads of 197 bf16 queries (H * Sq * Sk = 4 mod 8), every other one, and in the others the shifted kernels join
 // two vectors of it for each one they use. Where it is small beside x, it is written out over the fewest batches that
 // span whole vectors, and the outermost dim taken as [B / repeats, repeats]: then every mask row starts as x's does.
 // Returns the copy, to be kept until the launch, or an undefined tensor where the mask stays as it is.
-at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Tensor& mask) {
+at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Tensor& mask, cudaStream_t stream) {
   const int64_t vec = 16 / x.element_size();
   if (x.element_size() > 4 || p.mask == nullptr || p.shape.dims + 1 > kMaxOuterDims || p.mask_strides.stride[0] != 0 ||
       p.cols % vec == 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) {
@@ -56,14 +91,11 @@ at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Te
   const int64_t repeats = vec / std::gcd(batch_stride, vec);
   if (repeats == 1 || batches % repeats != 0) return {};
   // Within a batch: the mask's strides are x's, and its rows fill the batch's stride with no gap between them, so
-  // that the copy is written whole.
-  std::vector<int64_t> sizes, strides;
+  // that the mask is the batch_stride elements from its first on, in x's order.
   int64_t elements = p.cols;
   for (int d = 1; d < p.shape.dims; ++d) {
     if (p.shape.size[d].value == 1) continue;
     if (p.mask_strides.stride[d] != p.x_strides.stride[d]) return {};
-    sizes.push_back(p.shape.size[d].value);
-    strides.push_back(p.x_strides.stride[d]);
     elements *= p.shape.size[d].value;
   }
   RowShape within = p.shape;
@@ -72,13 +104,13 @@ at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Te
   if (elements != batch_stride || rows_extent(within, within_strides, p.cols) != batch_stride) return {};
   // Written out at most an eighth of x's bytes.
   if (8 * repeats * batch_stride * mask.element_size() > p.rows * p.cols * x.element_size()) return {};
-  sizes.push_back(p.cols);
-  strides.push_back(1);
-  const at::Tensor source = mask.as_strided(sizes, strides, mask.storage_offset());
-  sizes.insert(sizes.begin(), repeats);
-  strides.insert(strides.begin(), batch_stride);
   at::Tensor copy = at::empty({repeats * batch_stride}, mask.options());
-  copy.as_strided(sizes, strides, 0).copy_(source.expand(sizes));
+  switch (mask.element_size()) {
+    case 1: launch_repeat_span<uint8_t>(p.mask, batch_stride, copy.data_ptr(), copy.numel(), stream); break;
+    case 2: launch_repeat_span<uint16_t>(p.mask, batch_stride, copy.data_ptr(), copy.numel(), stream); break;
+    case 4: launch_repeat_span<uint32_t>(p.mask, batch_stride, copy.data_ptr(), copy.numel(), stream); break;
+    default: return {};
+  }
   RowShape shape;
   RowStrides x_strides{}, mask_strides{};
   shape.dims = p.shape.dims + 1;
@@ -107,9 +139,9 @@ at::Tensor forward_cuda(const at::Tensor& x, const std::optional<at::Tensor>& ma
   ForwardOperands operands = make_forward_params(
       x, mask, scale, is_causal, std::string_view(causal_variant.data(), causal_variant.size()), p);
   if (p.rows == 0) return operands.y;
-  const at::Tensor mask_copy = repeat_mask_alike(p, x, operands.mask);
-  p.order = row_order(p, mask_copy.defined() ? mask_copy : operands.mask, x.element_size());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor mask_copy = repeat_mask_alike(p, x, operands.mask, stream);
+  p.order = row_order(p, mask_copy.defined() ? mask_copy : operands.mask, x.element_size());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scaled_mask_softmax_forward", [&] {
     launch_forward<scalar_t>(p, operands.mask_kind, stream);
   });
