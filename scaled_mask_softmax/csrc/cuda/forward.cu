@@ -61,8 +61,12 @@ __global__ void __launch_bounds__(kRepeatThreads) repeat_span(const T* source, i
   }
   if (first + kVec <= total) {
     *reinterpret_cast<uint4*>(copy + first) = vector.bits;
-  } else {
-    for (int i = 0; first + i < total; ++i) copy[first + i] = vector.element[i];
+    return;
+  }
+  // Unrolled, so that each element is a register: indexed at run time, the vector went to a stack frame.
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    if (first + i < total) copy[first + i] = vector.element[i];
   }
 }
 
