@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every kernel variant (scripts/sanitizer_cases.py): memcheck, racecheck, initcheck and
-# synccheck, one line of error counts each. Run on a GPU machine after `pip install --no-build-isolation -e .`.
+# synccheck, one line of error counts each. Run on a GPU machine after `pip install --no-build-isolation -e .` or
+# `python setup.py build_ext --inplace`: the cases import this tree's package either way.
 # The tools' full reports go to one log, $OUT/sanitizer.log (default OUT: sanitizer-logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-sanitizer-logs}"
 mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # Each tensor gets its own allocation, so an access past its end is outside any allocation and is reported.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 status=0
