@@ -5,7 +5,6 @@
 #include <torch/library.h>
 
 #include <numeric>
-#include <vector>
 
 #include "../binding.h"
 #include "forward_launch.h"
