@@ -18,7 +18,8 @@ words), and the two-pass kernels, a block per row (causal rows) or split over th
 forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of
 their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
 the backward of short rows that start mid-vector read and written as flat runs of whole vectors; a mask repeated over
-batches that start elsewhere in their vectors, written out over a few of them.
+batches that start elsewhere in their vectors, written out over a few of them, or read as half vectors where they
+start half a vector apart.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
 learnable bias (backward_with_bias_grad).
 """
@@ -114,8 +115,8 @@ def main() -> int:
     # Short rows that start mid-vector, whose backward takes flat runs (backward_flat) without a causal limit: 16 rows
     # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them). With eight
     # rows a batch, a batch is a whole number of vectors, so the masks over the rows start as far into their vectors
-    # as x's, and the forward reads one vector of them for each of x's (kMaskApart false): here, and at 197 and 1500
-    # columns (four and six vectors a thread).
+    # as x's, and the forward reads one vector of them for each of x's (MaskPlacement::kAlike): here, and at 197 and
+    # 1500 columns (four and six vectors a thread).
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for cols in (49, 97, 197, 1500):
             x = torch.randn(2, 8, cols, device="cuda", dtype=dtype).requires_grad_()
@@ -129,6 +130,15 @@ def main() -> int:
         for mask_name, mask in masks_for(dtype, 3, 197).items():
             if mask is not None:
                 failures += failed(x, mask, mask_name, False, "lower_right")
+    # A floating mask repeated over batches that each start as far into their vectors as the first or half a vector
+    # further, read as half vectors (MaskPlacement::kHalfApart), none past the mask's end: 16-bit x of 4 rows of 197
+    # columns a batch, fp32 x of 2 (788 and 394 elements, half a vector past a whole number of them).
+    for dtype, rows in ((torch.float16, 4), (torch.bfloat16, 4), (torch.float32, 2)):
+        x = torch.randn(6, rows, 197, device="cuda", dtype=dtype).requires_grad_()
+        for mask_name, mask in masks_for(dtype, rows, 197).items():
+            if mask is not None and mask.dtype != torch.bool:
+                for is_causal in (False, True):
+                    failures += failed(x, mask, mask_name, is_causal, "lower_right")
     for dtype in DTYPES:
         for cols in (7, 64, 197, 1000, 8192, 9000, 9001):
             failures += learnable_bias_failed(dtype, cols, False) + learnable_bias_failed(dtype, cols, True)

@@ -325,7 +325,7 @@ def test_rows_that_start_mid_vector_with_a_full_mask(dtype, mask_dtype, is_causa
 
 # A bias over heads and queries whose rows start as far into their vectors as x's: a batch of x is a whole number of
 # vectors, so every batch's rows lie against the bias as the first's (rows_shifted_alike), read one vector of it for
-# each of x's (ScoreLoader's kMaskApart false); rows of two, four (197 columns) and five to seven vectors a thread.
+# each of x's (ScoreLoader's MaskPlacement::kAlike); rows of two, four (197 columns) and five to seven vectors a thread.
 @pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (2, 8, 3, 197)), (torch.float16, (3, 8, 3, 49)),
                                           (torch.float32, (2, 4, 3, 197)), (torch.bfloat16, (2, 8, 3, 1037)),
                                           (torch.bfloat16, (2, 8, 3, 1500)), (torch.float32, (2, 4, 3, 801))])
@@ -360,8 +360,8 @@ def test_rows_that_start_mid_vector_with_a_mask_elsewhere_in_its_vectors(dtype, 
 # A mask that repeats over the outermost dims and lies within them as x does, where each of x's batches starts
 # elsewhere in its vectors than the one before: written out over the fewest batches that span whole vectors (2 at 12
 # heads of 3x197 bf16, 8 at 3 heads of 5x13 fp16, 4 at fp32's, 8 for a mask over queries at 4 heads of 5x13), each
-# batch taking its copy. A bias over heads and queries in x's dtype, fp32 and bool, causal or not; the learnable one's
-# gradient too.
+# batch taking its copy; but at 2 a floating one is read as half vectors (the next test). A bias over heads and
+# queries in x's dtype, fp32 and bool, causal or not; the learnable one's gradient too.
 @pytest.mark.parametrize("dtype, shape, mask_dims, mask_dtype", [
     (torch.bfloat16, (16, 12, 3, 197), 3, torch.bfloat16), (torch.bfloat16, (32, 12, 3, 197), 3, torch.float32),
     (torch.bfloat16, (16, 12, 3, 197), 3, torch.bool), (torch.float16, (64, 3, 5, 13), 3, torch.float16),
@@ -372,6 +372,24 @@ def test_masks_repeated_over_batches_that_start_elsewhere_in_their_vectors(dtype
     x = random_scores(shape, dtype, "cuda").requires_grad_()
     mask = random_scores(shape[-mask_dims:], torch.float32, "cuda", generator_seed=2)
     mask = mask > -1.0 if mask_dtype == torch.bool else mask.to(mask_dtype)
+    assert_forward_backward_match(x, mask, 0.5, is_causal, "lower_right")
+    if mask_dtype == torch.float32:
+        x.grad = None
+        assert_learnable_bias_matches(x, mask, is_causal)
+
+
+# A floating mask whose rows start as far into their vectors as x's or half a vector further, read as two half vectors
+# for each of x's with no copy: a bias over 12 heads of 3x197 (bf16 and fp16 x; 4 elements past a whole number of
+# 16-bit vectors a batch) and 4 heads of 49x49, fp32 x over 2 heads of 3x197 and of 49x49 (2 past), in x's dtype and
+# fp32; odd batch counts, which a copy over two batches would not take. Causal or not; the learnable bias's gradient.
+@pytest.mark.parametrize("dtype, shape, mask_dtype", [
+    (torch.bfloat16, (5, 12, 3, 197), torch.bfloat16), (torch.float16, (3, 12, 3, 197), torch.float32),
+    (torch.bfloat16, (7, 4, 49, 49), torch.bfloat16), (torch.float32, (5, 2, 3, 197), torch.float32),
+    (torch.float32, (3, 2, 49, 49), torch.float32)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_masks_half_a_vector_apart(dtype, shape, mask_dtype, is_causal):
+    x = random_scores(shape, dtype, "cuda").requires_grad_()
+    mask = random_scores(shape[1:], mask_dtype, "cuda", generator_seed=2)
     assert_forward_backward_match(x, mask, 0.5, is_causal, "lower_right")
     if mask_dtype == torch.float32:
         x.grad = None

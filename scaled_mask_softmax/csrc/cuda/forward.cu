@@ -82,7 +82,9 @@ void launch_repeat_span(const void* source, int64_t span, void* copy, int64_t to
 // 12 heads of 197 bf16 queries (H * Sq * Sk = 4 mod 8), every other one, and in the others the shifted kernels join
 // two vectors of it for each one they use. Where it is small beside x, it is written out over the fewest batches that
 // span whole vectors, and the outermost dim taken as [B / repeats, repeats]: then every mask row starts as x's does.
-// Returns the copy, to be kept until the launch, or an undefined tensor where the mask stays as it is.
+// Not where those are two and the mask floating: its rows then start as x's or half a vector further, and the
+// shifted kernels read it as half vectors (launch_shifted). Returns the copy, to be kept until the launch, or an
+// undefined tensor where the mask stays as it is.
 at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Tensor& mask, cudaStream_t stream) {
   const int64_t vec = 16 / x.element_size();
   if (x.element_size() > 4 || p.mask == nullptr || p.shape.dims + 1 > kMaxOuterDims || p.mask_strides.stride[0] != 0 ||
@@ -93,6 +95,11 @@ at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Te
   const int64_t batches = p.shape.size[0].value;
   const int64_t repeats = vec / std::gcd(batch_stride, vec);
   if (repeats == 1 || batches % repeats != 0) return {};
+  const auto half_bytes = static_cast<uintptr_t>(vec / 2 * mask.element_size());
+  if (repeats == 2 && mask.scalar_type() != at::kBool && reinterpret_cast<uintptr_t>(p.mask) % half_bytes == 0 &&
+      reinterpret_cast<uintptr_t>(p.mask_end) % half_bytes == 0) {
+    return {};
+  }
   // Within a batch: the mask's strides are x's, and its rows fill the batch's stride with no gap between them, so
   // that the mask is the batch_stride elements from its first on, in x's order.
   int64_t elements = p.cols;

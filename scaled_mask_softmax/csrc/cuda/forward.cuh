@@ -297,22 +297,23 @@ __device__ __forceinline__ void softmax_in_registers(const Loader& loader, const
   }
 }
 
-// kMaskApart: rows that start mid-vector (forward_in_registers') with a mask elsewhere in its vectors; those held to
-// 64 registers spilled 8-66 bytes (a 16-bit mask read element by element, v102), or 4-24 (a bool one, two vectors of
-// it at a time, v104).
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kMaskApart = false>
+// kMask: where the mask's rows lie against x's in rows that start mid-vector (forward_in_registers'); those joined
+// (kApart) and held to 64 registers spilled 8-66 bytes (a 16-bit mask read element by element, v102), or 4-24 (a bool
+// one, two vectors of it at a time, v104).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, MaskPlacement kMask = MaskPlacement::kAlike>
 constexpr int forward_min_blocks =
-    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS> && !(kMaskApart && has_mask_v<mask_t>),
+    min_blocks_for(kIn64Registers<scalar_t, mask_t, VEC, ITERS> &&
+                       !(kMask == MaskPlacement::kApart && has_mask_v<mask_t>),
                    forward_max_threads<scalar_t, VEC, ITERS>);
 
 // Rows in registers, each group of `width` threads reading its rows from global memory one after another; kCausal:
 // the rows have a causal limit; kOneReduction (fp32 scores only): as softmax_in_registers; kShifted: rows may start
-// mid-vector, as ScoreLoader's, and y's rows as far into theirs as x's (rows_shifted_alike); kMaskApart: as
+// mid-vector, as ScoreLoader's, and y's rows as far into theirs as x's (rows_shifted_alike); kMask: as
 // ScoreLoader's.
 template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction,
-          bool kShifted = false, bool kMaskApart = kShifted>
+          bool kShifted = false, MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
-                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kMaskApart>)
+                                  forward_min_blocks<scalar_t, mask_t, VEC, ITERS, kMask>)
     forward_in_registers(const ForwardParams p, const int width) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kOneReduction || std::is_same_v<acc_t, float>, "one reduction packs fp32 max and sum");
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
        visit += cover.row_step()) {
     const bool stored = !kGroups || visit < p.rows;
     const int64_t row = p.order.row<kCausal>(stored ? visit : p.rows - 1);
-    const ScoreLoader<scalar_t, mask_t, acc_t, VEC, int, kShifted, kMaskApart> loader(p, row, kCausal);
+    const ScoreLoader<scalar_t, mask_t, acc_t, VEC, int, kShifted, kMask> loader(p, row, kCausal);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row) - loader.first,

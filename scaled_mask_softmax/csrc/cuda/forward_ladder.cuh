@@ -138,9 +138,10 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 
 // Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged
 // where it takes them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
-// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take; kMaskApart: as
+// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take; kMask: as
 // forward_in_registers'.
-template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false, bool kMaskApart = kShifted>
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
+          MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   // Past register_plan's rows of one warp (below), rows that take more than kTargetIters vectors a thread are those
@@ -152,7 +153,7 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
       if (!unstaged_too) return false;
       with_past_target_iters(plan.iters, [&](auto iters) {
         with_flag(p.is_causal, [&](auto causal) {
-          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, kShifted, kMaskApart>
+          forward_in_registers<scalar_t, mask_t, VEC, decltype(iters)::value, causal(), false, kShifted, kMask>
               <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         });
       });
@@ -168,7 +169,7 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
           return true;
         }
         if (!unstaged_too) return false;
-        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted, kMaskApart>
+        forward_in_registers<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted, kMask>
             <<<blocks_for(p.rows, plan), plan.threads, 0, stream>>>(p, plan.width);
         return true;
       };
@@ -254,15 +255,27 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
     if constexpr (has_mask_v<mask_t>) {
-      const at::Tensor mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
-      // A mask whose rows start as far into their vectors as x's (a full mask, a bias where every batch starts a
-      // whole number of vectors into x) is read one vector for each of x's, with no second to join.
-      const bool apart = !rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, mask_bytes_v<mask_t>,
-                                             p.shape, VEC);
-      return with_flag(apart, [&](auto mask_apart) {
-        return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, mask_apart()>(
+      const auto launch = [&](auto placement) {
+        return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, decltype(placement)::value>(
             shifted, plan, /*unstaged_too=*/true, stream);
-      });
+      };
+      // A mask whose rows start as far into their vectors as x's (a full mask, a bias where every batch starts a
+      // whole number of vectors into x) is read one vector for each of x's, with no second to join; one whose rows
+      // start as far in or half a vector further (a bias over 12 heads of 197 bf16 queries, whose every other batch
+      // starts half a vector into x), as two half vectors, none of which passes the mask's end.
+      const bool alike = rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, mask_bytes_v<mask_t>,
+                                            p.shape, VEC);
+      if constexpr (!std::is_same_v<mask_t, bool>) {
+        constexpr uintptr_t kHalfBytes = VEC / 2 * sizeof(mask_t);
+        if (!alike && rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, sizeof(mask_t), p.shape,
+                                         VEC / 2) &&
+            reinterpret_cast<uintptr_t>(p.mask_end) % kHalfBytes == 0) {
+          return launch(std::integral_constant<MaskPlacement, MaskPlacement::kHalfApart>{});
+        }
+      }
+      const at::Tensor mask_tail = copy_tail<mask_t, VEC>(p.mask, p.mask_end, p.cols, shifted.mask_tail, stream);
+      if (alike) return launch(std::integral_constant<MaskPlacement, MaskPlacement::kAlike>{});
+      return launch(std::integral_constant<MaskPlacement, MaskPlacement::kApart>{});
     } else {
       return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true,
                                                                            stream);

@@ -351,9 +351,15 @@ struct RowStart<Index, true> {
   }
 };
 
+// Where the rows of a mask lie in their vectors against x's, in the kernels that take rows starting mid-vector
+// (kShifted): kAlike, as far in as x's, read one vector for each of x's; kHalfApart, as far in or half a vector
+// further, read as two half vectors for each of x's; kApart, anywhere, read as the two vectors each of its vectors
+// spans, joined.
+enum class MaskPlacement { kAlike, kHalfApart, kApart };
+
 // Where a mask row lies against x's row, where that may start mid-vector (kShifted): `shift` elements further into
-// its vector (joined_at where not 0), its first and last vectors at `low` and `high` (counted as x's columns).
-// A constant 0 shift for the rows that start on a boundary.
+// its vector (joined_at where not 0), its first and last vectors (or half vectors) at `low` and `high` (counted as
+// x's columns). A constant 0 shift for the rows that start on a boundary.
 template <typename Index, bool kShifted>
 struct MaskShift {
   static constexpr int shift = 0;
@@ -370,16 +376,18 @@ struct MaskShift<Index, true> {
 // int where rows are short enough (the register kernels), whose address arithmetic then takes 32 bits. kShifted: the
 // row may start mid-vector, as y's does (rows_shifted_alike); its columns are counted from the vector boundary before
 // it, from which x is read, and the row's own start from `first`. A mask row that starts as far into its vector is
-// read in vectors too, any other as the two vectors each of its vectors spans (joined_at). kMaskApart: the mask's
-// rows may start elsewhere in their vectors than x's; where not, every one starts as far in as x's
+// read in vectors too, any other as the two vectors each of its vectors spans (joined_at). kMask: where the mask's
+// rows may start in their vectors against x's (MaskPlacement); where kAlike, every one starts as far in as x's
 // (rows_shifted_alike), and no vector is joined or held for it.
 template <typename scalar_t, typename mask_t, typename acc_t, int VEC, typename Index = int64_t, bool kShifted = false,
-          bool kMaskApart = kShifted>
+          MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
 struct ScoreLoader : RowStart<Index, kShifted> {
   using RowStart<Index, kShifted>::first;
   static constexpr bool kHasMask = has_mask_v<mask_t>;
   static constexpr bool kShiftedRows = kShifted;
-  static constexpr bool kJoinsMask = kShifted && kHasMask && kMaskApart;
+  static constexpr bool kJoinsMask = kShifted && kHasMask && kMask == MaskPlacement::kApart;
+  static constexpr bool kHalves = kShifted && kHasMask && kMask == MaskPlacement::kHalfApart;
+  static_assert(!kHalves || (VEC % 2 == 0 && !std::is_same_v<mask_t, bool>), "half vectors of a floating mask");
   // A bool mask's vector travels as 32-bit words (additive_terms): loaded as bools, it was split into bytes and
   // packed again.
   static constexpr bool kBoolWords = std::is_same_v<mask_t, bool> && std::is_same_v<acc_t, float> && VEC % 4 == 0;
@@ -397,7 +405,7 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   const mask_t* mask;
   acc_t scale;
   Index visible_end;
-  [[no_unique_address]] MaskShift<Index, kJoinsMask> mask_shift;
+  [[no_unique_address]] MaskShift<Index, kJoinsMask || kHalves> mask_shift;
   // The two-pass kernels' loads of x are cached as each pass says (set_caching); the others load plainly.
   static constexpr bool kL2Hints = std::is_same_v<Index, int64_t>;
   PassCaching x_caching;
@@ -418,6 +426,11 @@ struct ScoreLoader : RowStart<Index, kShifted> {
         const Index lead = first + shift;
         mask = vectors_from<VEC>(mask - lead, lead, cols, p.mask_end, p.mask_tail);
         mask_shift = {shift, lead / VEC * VEC, (lead + cols - 1) / VEC * VEC};
+      } else if constexpr (kHalves) {
+        // Read as far as the row's own half vectors, which lie within the mask (launch_shifted): no tail copy.
+        constexpr int kHalf = VEC / 2;
+        mask -= first;
+        mask_shift = {0, first / kHalf * kHalf, (first + cols - 1) / kHalf * kHalf};
       } else if constexpr (kHasMask) {
         mask = vectors_from<VEC>(mask - first, first, cols, p.mask_end, p.mask_tail);
       }
@@ -468,6 +481,8 @@ struct ScoreLoader : RowStart<Index, kShifted> {
       if (mask_shift.shift != 0) {
         raw.mask_after = load_mask(col + VEC < mask_shift.high ? col + VEC : mask_shift.high);
       }
+    } else if constexpr (kHalves) {
+      raw.mask = load_mask_halves(col);
     } else if constexpr (kHasMask) {
       raw.mask = load_mask(col);
     }
@@ -479,6 +494,18 @@ struct ScoreLoader : RowStart<Index, kShifted> {
     } else {
       return load_vector<VEC>(mask, col);
     }
+  }
+
+  // The mask's vector at `col` as two half vectors, each kept to the row's own (which hold every element used).
+  __device__ __forceinline__ MaskVector load_mask_halves(Index col) const {
+    constexpr int kHalf = VEC / 2;
+    union {
+      MaskVector whole;
+      Vector<mask_t, kHalf> half[2];
+    } halves;
+    halves.half[0] = load_vector<kHalf>(mask, col > mask_shift.low ? col : mask_shift.low);
+    halves.half[1] = load_vector<kHalf>(mask, col + kHalf < mask_shift.high ? col + kHalf : mask_shift.high);
+    return halves.whole;
   }
 
   // Issues the loads of the vector at `col`; keys past the visible ones are never read.
