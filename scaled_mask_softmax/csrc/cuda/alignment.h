@@ -38,6 +38,15 @@ inline bool rows_shifted_alike(const void* a, const RowStrides& a_strides, int a
   return true;
 }
 
+// Whether every row of p's mask (of `mask_bytes` elements) starts as far into a vector of `vec` elements as the same
+// row of x (of `x_bytes` elements) or half a vector further, and the mask ends on a half vector's boundary: then the
+// shifted kernels read a floating mask whose rows are not alike as two half vectors for each of x's
+// (MaskPlacement::kHalfApart), none past its end, and it is not written out over batches (repeat_mask_alike).
+inline bool mask_rows_in_half_vectors(const ForwardParams& p, int x_bytes, int mask_bytes, int vec) {
+  return rows_shifted_alike(p.x, p.x_strides, x_bytes, p.mask, p.mask_strides, mask_bytes, p.shape, vec / 2) &&
+         reinterpret_cast<uintptr_t>(p.mask_end) % (static_cast<uintptr_t>(vec / 2) * mask_bytes) == 0;
+}
+
 // Contiguous rows of `cols` (the outputs) start aligned when cols is a multiple of vec.
 inline RowStrides contiguous_row_strides(const RowShape& shape, int64_t cols) {
   RowStrides strides{};

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "../binding.h"
+#include "alignment.h"
 #include "forward_launch.h"
 #include "launch.h"
 
@@ -95,9 +96,9 @@ at::Tensor repeat_mask_alike(ForwardParams& p, const at::Tensor& x, const at::Te
   const int64_t batches = p.shape.size[0].value;
   const int64_t repeats = vec / std::gcd(batch_stride, vec);
   if (repeats == 1 || batches % repeats != 0) return {};
-  const auto half_bytes = static_cast<uintptr_t>(vec / 2 * mask.element_size());
-  if (repeats == 2 && mask.scalar_type() != at::kBool && reinterpret_cast<uintptr_t>(p.mask) % half_bytes == 0 &&
-      reinterpret_cast<uintptr_t>(p.mask_end) % half_bytes == 0) {
+  if (repeats == 2 && mask.scalar_type() != at::kBool &&
+      mask_rows_in_half_vectors(p, static_cast<int>(x.element_size()), static_cast<int>(mask.element_size()),
+                                static_cast<int>(vec))) {
     return {};
   }
   // Within a batch: the mask's strides are x's, and its rows fill the batch's stride with no gap between them, so

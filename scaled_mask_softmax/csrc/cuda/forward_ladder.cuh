@@ -266,10 +266,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
       const bool alike = rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, mask_bytes_v<mask_t>,
                                             p.shape, VEC);
       if constexpr (!std::is_same_v<mask_t, bool>) {
-        constexpr uintptr_t kHalfBytes = VEC / 2 * sizeof(mask_t);
-        if (!alike && rows_shifted_alike(p.x, p.x_strides, kBytes, p.mask, p.mask_strides, sizeof(mask_t), p.shape,
-                                         VEC / 2) &&
-            reinterpret_cast<uintptr_t>(p.mask_end) % kHalfBytes == 0) {
+        if (!alike && mask_rows_in_half_vectors(p, kBytes, sizeof(mask_t), VEC)) {
           return launch(std::integral_constant<MaskPlacement, MaskPlacement::kHalfApart>{});
         }
       }
