@@ -181,8 +181,8 @@ template <typename scalar_t, int VEC>
 bool gradient_rows_shifted_alike(const BackwardParams& p) {
   constexpr int kBytes = sizeof(scalar_t);
   return rows_shifted_alike(p.y, p.y_strides, kBytes, p.dy, p.dy_strides, kBytes, p.shape, VEC) &&
-         rows_shifted_alike(p.y, p.y_strides, kBytes, p.dx, contiguous_row_strides(p.shape, p.cols), kBytes, p.shape,
-                            VEC);
+         rows_shifted_alike(p.y, p.y_strides, kBytes, p.dx, contiguous_row_strides(p.shape, p.output_row_stride),
+                            kBytes, p.shape, VEC);
 }
 
 // `p` for rows that start mid-vector, with the copies of y's and dy's last bytes (TailCopy) that it reads, held until
@@ -220,6 +220,26 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
+// The ladder of rows that are not all whole vectors from a vector boundary: causal rows narrowed first where
+// backward_ladder's would be at half their keys, then flat runs, or in vectors where launch_backward_shifted takes
+// them, element by element otherwise. Narrowed only in the element-by-element ladder, causal rows of 9001 columns that
+// see up to 1024 keys took 1.3 times their floor in bf16 (in vectors, whole) and 3.1 in fp32 (H100;
+// benchmarks/NOTES.md, v132).
+template <typename scalar_t, int VEC>
+void unaligned_backward_ladder(const BackwardParams& p, cudaStream_t stream) {
+  const auto launch_narrowed = [&](const BackwardParams& narrowed) {
+    unaligned_backward_ladder<scalar_t, VEC>(narrowed, stream);
+  };
+  const bool narrowed = with_flag(p.is_causal, [&](auto causal) {
+    return narrowed_at_half<scalar_t, VEC, causal()>(p) &&
+           narrowed_to_visible(p, static_cast<scalar_t*>(p.dx), kHalfNarrowedParts, stream, launch_narrowed);
+  });
+  if (!narrowed && !launch_backward_flat<scalar_t, VEC>(p, stream) &&
+      !launch_backward_shifted<scalar_t, VEC>(p, stream)) {
+    backward_ladder<scalar_t, 1>(p, stream);
+  }
+}
+
 at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale, bool is_causal,
                          c10::string_view causal_variant) {
   const c10::cuda::CUDAGuard device_guard(y.device());
@@ -235,9 +255,8 @@ at::Tensor backward_cuda(const at::Tensor& y, const at::Tensor& dy, double scale
                          rows_aligned(p.dy, p.dy_strides, p.shape, kVec, sizeof(scalar_t));
     if (aligned) {
       backward_ladder<scalar_t, kVec>(p, stream);
-    } else if (!launch_backward_flat<scalar_t, kVec>(p, stream) &&
-               !launch_backward_shifted<scalar_t, kVec>(p, stream)) {
-      backward_ladder<scalar_t, 1>(p, stream);
+    } else {
+      unaligned_backward_ladder<scalar_t, kVec>(p, stream);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -245,8 +245,8 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     return false;
   } else {
     constexpr int kBytes = sizeof(scalar_t);
-    if (!rows_shifted_alike(p.x, p.x_strides, kBytes, p.y, contiguous_row_strides(p.shape, p.cols), kBytes, p.shape,
-                            VEC)) {
+    if (!rows_shifted_alike(p.x, p.x_strides, kBytes, p.y, contiguous_row_strides(p.shape, p.output_row_stride),
+                            kBytes, p.shape, VEC)) {
       return false;
     }
     const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
@@ -280,6 +280,22 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
   }
 }
 
+// The ladder of rows that are not all whole vectors from a vector boundary: causal rows that see at most half their
+// keys narrowed first, as forward_ladder's, then in vectors where launch_shifted takes them, element by element
+// otherwise. Narrowed only in the element-by-element ladder, causal rows of 9001 columns that see up to 1024 keys took
+// 1.5 times their floor in bf16 (in vectors, whole) and 3.3 in fp32 (H100; benchmarks/NOTES.md, v132).
+template <typename scalar_t, typename mask_t, int VEC>
+void unaligned_ladder(const ForwardParams& p, cudaStream_t stream) {
+  const auto launch_narrowed = [&](const ForwardParams& narrowed) {
+    unaligned_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
+  };
+  if (p.cols >= kHalfNarrowedFromColumns &&
+      narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kHalfNarrowedParts, stream, launch_narrowed)) {
+    return;
+  }
+  if (!launch_shifted<scalar_t, mask_t, VEC>(p, stream)) forward_ladder<scalar_t, mask_t, 1>(p, stream);
+}
+
 }  // namespace
 
 // Declared in forward_launch.h; instantiated once a dtype, in forward_<dtype>.cu.
@@ -297,8 +313,8 @@ void launch_forward(const ForwardParams& p, MaskKind mask_kind, cudaStream_t str
                           rows_aligned(p.mask, p.mask_strides, p.shape, kVec, mask_bytes_v<mask_t>));
     if (aligned) {
       forward_ladder<scalar_t, mask_t, kVec>(p, stream);
-    } else if (!launch_shifted<scalar_t, mask_t, kVec>(p, stream)) {
-      forward_ladder<scalar_t, mask_t, 1>(p, stream);
+    } else {
+      unaligned_ladder<scalar_t, mask_t, kVec>(p, stream);
     }
   });
 }

@@ -399,18 +399,33 @@ void launch_two_pass(void (*kernel)(Params, int), const Params& p, int vec, cuda
   kernel<<<static_cast<unsigned>(std::min(p.rows, kMaxBlocks)), kLongRowThreads, 0, stream>>>(p, 1);
 }
 
-// Zeroes words [from, from + words_per_row) of each of `rows` rows of `out`, row_words apart: a word a thread,
-// neighbouring threads on neighbouring words, as a memset writes.
+// Zeroes bytes [from, from + span) of each row of `out`, row_bytes apart, a 16-byte word a thread, neighbouring
+// threads on neighbouring words, as a memset writes: a row's words counted from the 16-byte boundary at or before its
+// span's start (`words_per_row` of them, the most any row's span touches), those its ends cut stored an Element (the
+// output's element size) at a time. Rows whose spans do not start 16-byte aligned were zeroed 2 bytes a thread: fp32
+// causal rows of 9001 columns narrowed to 1024 took 3.3 times their floor (an H100; benchmarks/NOTES.md, v132).
 constexpr int kZeroThreads = 256;
 
-template <typename Word>
+template <typename Element>
 __global__ void __launch_bounds__(kZeroThreads)
-    zero_columns(Word* out, int64_t row_words, int64_t from, Divisor words_per_row, int64_t words) {
+    zero_spans(unsigned char* out, int64_t row_bytes, int64_t from, int64_t span, Divisor words_per_row,
+               int64_t words) {
   const int64_t word = static_cast<int64_t>(blockIdx.x) * kZeroThreads + threadIdx.x;
   if (word >= words) return;
   int64_t column;
   const int64_t row = words_per_row.quotient(word, column);
-  out[row * row_words + from + column] = Word{};
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(out + row * row_bytes + from);
+  const uintptr_t end = begin + span;
+  const uintptr_t at = begin / 16 * 16 + 16 * column;
+  if (at >= begin && at + 16 <= end) {
+    *reinterpret_cast<uint4*>(at) = uint4{};
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 16 / static_cast<int>(sizeof(Element)); ++i) {
+    const uintptr_t element = at + i * sizeof(Element);
+    if (element >= begin && element < end) *reinterpret_cast<Element*>(element) = Element{};
+  }
 }
 
 // Causal rows of at least this many columns that see at most half their keys (upper-left, at most half as many
@@ -446,20 +461,18 @@ bool narrowed_to_visible(const Params& p, scalar_t* output, int parts, cudaStrea
   if (p.output_row_stride > std::numeric_limits<int>::max()) return false;
   const int64_t columns = narrowed_columns(p);
   if (columns >= p.cols) return false;
-  const auto zero = [&](auto word) {
-    using Word = decltype(word);
-    const int64_t words_per_row = (p.cols - columns) * sizeof(scalar_t) / sizeof(Word);
-    const int64_t words = p.rows * words_per_row;
-    zero_columns<Word><<<static_cast<unsigned>(ceil_div(words, kZeroThreads)), kZeroThreads, 0, stream>>>(
-        reinterpret_cast<Word*>(output), p.output_row_stride * sizeof(scalar_t) / sizeof(Word),
-        columns * sizeof(scalar_t) / sizeof(Word), Divisor(words_per_row), words);
-  };
-  // 16-byte words where rows start 16-byte aligned (output is a fresh allocation); 2-byte ones otherwise.
-  if (p.output_row_stride * sizeof(scalar_t) % 16 == 0) {
-    zero(uint4{});
-  } else {
-    zero(uint16_t{});
-  }
+  using Element = std::conditional_t<sizeof(scalar_t) == 2, uint16_t,
+                                     std::conditional_t<sizeof(scalar_t) == 4, uint32_t, uint64_t>>;
+  const int64_t row_bytes = p.output_row_stride * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t from = columns * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t span = (p.cols - columns) * static_cast<int64_t>(sizeof(scalar_t));
+  // Rows a whole number of 16-byte words apart start their spans as far into a word each; others as far as any may.
+  const int64_t lead = row_bytes % 16 == 0 ? static_cast<int64_t>((reinterpret_cast<uintptr_t>(output) + from) % 16)
+                                           : 16 - static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t words_per_row = ceil_div(lead + span, 16);
+  const int64_t words = p.rows * words_per_row;
+  zero_spans<Element><<<static_cast<unsigned>(ceil_div(words, kZeroThreads)), kZeroThreads, 0, stream>>>(
+      reinterpret_cast<unsigned char*>(output), row_bytes, from, span, Divisor(words_per_row), words);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   Params narrowed = p;
   narrowed.cols = columns;
