@@ -48,6 +48,17 @@ def test_very_long_rows(dtype, cols):
     assert_forward_backward_match(x, mask, 0.3)
 
 
+# Rows that start mid-vector (odd column counts), too long for a block's registers: the backward splits them over a
+# cluster's blocks in vectors from the boundary before each row (fp32 at 9001 and 40,001 columns in 2 and 8 blocks,
+# 16-bit at 20,001 and 65,539 in 2 and 8, bf16 at 131,077 in 8 at eight vectors a thread), the first slice masking the
+# previous row's end and the last the next row's start. Five rows, so that a cluster's neighbours are rows too.
+@pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.float32, 40001), (torch.bfloat16, 20001),
+                                         (torch.float16, 65539), (torch.bfloat16, 131077)])
+def test_long_rows_that_start_mid_vector(dtype, cols):
+    x = random_scores((5, cols), dtype, "cuda").requires_grad_()
+    assert_forward_backward_match(x, None, 0.3)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_long_rows_that_see_few_keys(dtype, causal_variant):

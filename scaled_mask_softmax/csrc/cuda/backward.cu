@@ -202,7 +202,10 @@ ShiftedGradient shifted_gradient(const BackwardParams& p, cudaStream_t stream) {
 }
 
 // Launches backward_in_registers on rows that start mid-vector, as launch_shifted the forward's: where
-// gradient_rows_shifted_alike and whole rows fit a block's registers; false otherwise. Not fp64.
+// gradient_rows_shifted_alike and whole rows fit a block's registers; rows without a causal limit beyond them, and
+// within a cluster's, by backward_in_cluster, as backward_ladder launches aligned ones (element by element, fp32 rows
+// of 9001 and 10,007 columns took 1.36-1.42 times their floor on an H100, where torch.compile took 1.04-1.14:
+// benchmarks/NOTES.md, v133); false otherwise. Not fp64.
 template <typename scalar_t, int VEC>
 bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) > 4) {
@@ -212,10 +215,22 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
     return with_flag(p.is_causal, [&](auto causal) {
       const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2),
                                         backward_target_iters(causal(), shifted_span(p.cols, VEC), VEC));
-      if (!plan.in_registers) return false;
-      const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
-      launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted.params, plan, stream);
-      return true;
+      if (plan.in_registers) {
+        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
+        launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted.params, plan, stream);
+        return true;
+      }
+      if constexpr (causal()) {
+        return false;
+      } else {
+        const ClusterShape shape = split_over_cluster(shifted_span(p.cols, VEC), VEC,
+                                                      backward_max_threads<scalar_t, VEC, kTargetIters>);
+        if (shape.blocks_per_row == 0) return false;
+        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
+        return launch_clusters(shape.wide ? backward_in_cluster<scalar_t, VEC, kWideClusterIters, /*kShifted=*/true>
+                                          : backward_in_cluster<scalar_t, VEC, kTargetIters, /*kShifted=*/true>,
+                               shifted.params, shape.blocks_per_row, shape.threads, stream);
+      }
     });
   }
 }

@@ -70,7 +70,9 @@ struct GradientRow : RowStart<Index, kShifted> {
     if constexpr (std::is_same_v<Index, int>) dx = row_address(dx);
   }
 
-  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
+  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0. Where kShifted, begin
+  // counts from the vector boundary before the row and is a whole number of vectors: a slice after the first starts
+  // within the row.
   __device__ __forceinline__ void start_at(Index begin) {
     y += begin;
     dy += begin;
@@ -78,6 +80,7 @@ struct GradientRow : RowStart<Index, kShifted> {
     pin_addresses();
     end -= begin;
     visible_end = visible_end > begin ? visible_end - begin : 0;
+    if constexpr (kShifted) first = begin > 0 ? 0 : first;
   }
 
   // The row's addresses formed once (row_address) where columns are 32-bit.
@@ -89,9 +92,10 @@ struct GradientRow : RowStart<Index, kShifted> {
     }
   }
 
-  // Takes only the columns before `slice_end` (a block's slice of the row).
+  // Takes only the columns before `slice_end` (a block's slice of the row). Where kShifted, slices are cut over the
+  // most columns a row spans, and the last may pass the row's end.
   __device__ __forceinline__ void clip(Index slice_end) {
-    end = slice_end;
+    end = kShifted && end < slice_end ? end : slice_end;
     visible_end = visible_end < slice_end ? visible_end : slice_end;
   }
 
@@ -458,15 +462,17 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, ITERS>, ba
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit, as in
 // forward_in_cluster: one slice of a row for each block of a cluster, in registers, the slices' sums of dy * y
 // added through distributed shared memory. A row is read once, where the two-pass kernel reads it twice.
-// ITERS: as forward_in_cluster.
-template <typename scalar_t, int VEC, int ITERS>
+// ITERS: as forward_in_cluster. kShifted: rows that start mid-vector, as GradientRow's, split over the most columns
+// one spans from the vector boundary before it (shifted_span).
+template <typename scalar_t, int VEC, int ITERS, bool kShifted = false>
 __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIters>,
                                   ITERS == kTargetIters ? backward_min_blocks<scalar_t, VEC, kTargetIters> : 1)
     backward_in_cluster(const BackwardParams p, const int blocks_per_row) {
-  using Row = GradientRow<scalar_t, VEC, false, int>;
+  using Row = GradientRow<scalar_t, VEC, false, int, kShifted>;
   const RowCover cover(blockDim.x);
-  for_each_cluster_row<typename Row::acc_t, VEC>(p, blocks_per_row,
-                                                 [&](int64_t row, int begin, int width, const auto& reduce) {
+  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  for_each_cluster_visit<typename Row::acc_t, VEC>(span, p.rows, blocks_per_row,
+                                                   [&](int64_t row, int begin, int width, const auto& reduce) {
     Row g(p, row);
     g.start_at(begin);
     g.clip(width);

@@ -198,7 +198,7 @@ inline bool one_warp_past_target(const RowPlan& plan) { return plan.threads == k
 // The most columns a row that starts mid-vector spans, read from the vector boundary before it (the register
 // kernels' kShifted): its own and up to vec - 1 before its start. So rows of 1018-1024 bf16 columns span 129 vectors,
 // one past what a warp holds at kTargetIters a thread.
-inline int64_t shifted_span(int64_t cols, int vec) { return cols + vec - 1; }
+SMS_HOST_DEVICE int64_t shifted_span(int64_t cols, int vec) { return cols + vec - 1; }
 
 // The plan of rows that start mid-vector: register_plan's for the columns they span.
 inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
