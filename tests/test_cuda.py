@@ -48,15 +48,25 @@ def test_very_long_rows(dtype, cols):
     assert_forward_backward_match(x, mask, 0.3)
 
 
-# Rows that start mid-vector (odd column counts), too long for a block's registers: the backward splits them over a
-# cluster's blocks in vectors from the boundary before each row (fp32 at 9001 and 40,001 columns in 2 and 8 blocks,
-# 16-bit at 20,001 and 65,539 in 2 and 8, bf16 at 131,077 in 8 at eight vectors a thread), the first slice masking the
-# previous row's end and the last the next row's start. Five rows, so that a cluster's neighbours are rows too.
+# Rows that start mid-vector (odd column counts), too long for a block's registers: split over a cluster's blocks in
+# vectors from the boundary before each row, the first slice masking the previous row's end and the last the next
+# row's start. The backward: fp32 at 9001 and 40,001 columns in 2 and 8 blocks, 16-bit at 20,001 and 65,539 in 2 and
+# 8, bf16 at 131,077 in 8 at eight vectors a thread; the forward likewise but fp32 at 9001, which a block holds. Masks
+# whose rows start elsewhere in their vectors than x's (a key mask), as far in (a full mask), or as far in or half a
+# vector further (a bias over 4 rows of the 16-bit lengths: 4 x cols is half a vector past a whole number of them).
 @pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.float32, 40001), (torch.bfloat16, 20001),
                                          (torch.float16, 65539), (torch.bfloat16, 131077)])
-def test_long_rows_that_start_mid_vector(dtype, cols):
-    x = random_scores((5, cols), dtype, "cuda").requires_grad_()
-    assert_forward_backward_match(x, None, 0.3)
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias"])
+def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
+    x = random_scores((2, 4, cols), dtype, "cuda").requires_grad_()
+    mask = None
+    if mask_form == "key_padding":
+        mask = (torch.rand(cols, generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
+    elif mask_form == "full":
+        mask = random_scores(x.shape, dtype, "cuda", generator_seed=2)
+    elif mask_form == "bias":
+        mask = random_scores((4, cols), dtype, "cuda", generator_seed=2)
+    assert_forward_backward_match(x, mask, 0.3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -400,23 +400,33 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 // into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at ITERS
 // vectors a thread (kTargetIters, or kWideClusterIters in one block a multiprocessor) as forward_in_registers does
 // a whole row, the slices' max and sum combined through distributed shared memory (for fp32 scores in one
-// exchange, packed). A row is read once, where the two-pass kernels read it twice.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS>
+// exchange, packed). A row is read once, where the two-pass kernels read it twice. kShifted, kMask: as
+// forward_in_registers'; such rows are split over the most columns one spans from the vector boundary before it
+// (shifted_span).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted = false,
+          MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
-                                  ITERS == kTargetIters ? forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters> : 1)
+                                  ITERS == kTargetIters ? forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, kMask>
+                                                        : 1)
     forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
   const RowCover cover(blockDim.x);
-  for_each_cluster_row<std::conditional_t<kOneReduction, uint64_t, acc_t>, VEC>(
-      p, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
+  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  for_each_cluster_visit<std::conditional_t<kOneReduction, uint64_t, acc_t>, VEC>(
+      span, p.rows, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
     const int64_t row = p.order.row(visit);
-    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int> loader(p, row, /*causal=*/false);
+    ScoreLoader<scalar_t, mask_t, acc_t, VEC, int, kShifted, kMask> loader(p, row, /*causal=*/false);
+    // y's row from the vector boundary before it, as x's (rows_shifted_alike); the last slice may pass its end.
+    const int first = loader.first;
+    const int store_end = kShifted && first + static_cast<int>(p.cols) - begin < width
+                              ? first + static_cast<int>(p.cols) - begin
+                              : width;
     loader.start_at(begin);
     loader.clip(width);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, false>, false,
                          kOneReduction>(
-        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols - first + begin, store_end);
   });
 }
 

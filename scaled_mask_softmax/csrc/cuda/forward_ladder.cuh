@@ -237,8 +237,10 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
 
 // Launches forward_in_registers on rows that start mid-vector, read from the vector boundary before each row's start,
 // where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
-// rows short of kCausalTwoPassColumns); false otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and
-// 1023 columns measured 2.0-6.6 times the floor, in vectors 1.0-4.0 (an H100; benchmarks/NOTES.md, v102). Not fp64.
+// rows short of kCausalTwoPassColumns); rows without a causal limit beyond them, and within a cluster's,
+// forward_in_cluster, where aligned ones take forward_staged_in_cluster (whose bulk copies need whole 16-byte words);
+// false otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and 1023 columns measured 2.0-6.6 times the
+// floor, in vectors 1.0-4.0 (an H100; benchmarks/NOTES.md, v102). Not fp64.
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) > 4) {
@@ -249,16 +251,34 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
                             kBytes, p.shape, VEC)) {
       return false;
     }
+    if (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>) return false;
     const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
                                       forward_target_iters(shifted_span(p.cols, VEC), VEC));
-    if (!plan.in_registers || (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>)) return false;
+    const ClusterShape cluster =
+        plan.in_registers || p.is_causal
+            ? ClusterShape{0, 0, false}
+            : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+    if (!plan.in_registers && cluster.blocks_per_row == 0) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
+    const auto launch = [&](auto placement) {
+      constexpr MaskPlacement kMask = decltype(placement)::value;
+      if (plan.in_registers) {
+        return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, kMask>(shifted, plan,
+                                                                                  /*unstaged_too=*/true, stream);
+      }
+      // A floating mask joined from two vectors each (kApart), at kWideClusterIters, spilled 24-256 bytes (ptxas,
+      // sm_90): such rows are left to the element-by-element ladder.
+      if constexpr (kMask == MaskPlacement::kApart && has_mask_v<mask_t> && !std::is_same_v<mask_t, bool>) {
+        return !cluster.wide && launch_clusters(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, true, kMask>,
+                                                shifted, cluster.blocks_per_row, cluster.threads, stream);
+      } else {
+        return launch_clusters(cluster.wide ? forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, true, kMask>
+                                            : forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, true, kMask>,
+                               shifted, cluster.blocks_per_row, cluster.threads, stream);
+      }
+    };
     if constexpr (has_mask_v<mask_t>) {
-      const auto launch = [&](auto placement) {
-        return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, decltype(placement)::value>(
-            shifted, plan, /*unstaged_too=*/true, stream);
-      };
       // A mask whose rows start as far into their vectors as x's (a full mask, a bias where every batch starts a
       // whole number of vectors into x) is read one vector for each of x's, with no second to join; one whose rows
       // start as far in or half a vector further (a bias over 12 heads of 197 bf16 queries, whose every other batch
@@ -274,8 +294,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
       if (alike) return launch(std::integral_constant<MaskPlacement, MaskPlacement::kAlike>{});
       return launch(std::integral_constant<MaskPlacement, MaskPlacement::kApart>{});
     } else {
-      return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, plan, /*unstaged_too=*/true,
-                                                                           stream);
+      return launch(std::integral_constant<MaskPlacement, MaskPlacement::kApart>{});
     }
   }
 }

@@ -154,12 +154,6 @@ __device__ __forceinline__ void for_each_cluster_visit(int64_t cols, int64_t vis
   exchange.finish();
 }
 
-// for_each_cluster_visit over p's rows.
-template <typename Value, int VEC, typename Params, typename Body>
-__device__ __forceinline__ void for_each_cluster_row(const Params& p, int blocks_per_row, Body&& body) {
-  for_each_cluster_visit<Value, VEC>(p.cols, p.rows, blocks_per_row, body);
-}
-
 // Rows that one block (or a group of lanes) holds in registers, `target_iters` vectors per thread where the row
 // allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds). Rows of up to
 // kWarp * kTargetIters vectors are shared by groups of lanes, whatever the target.

@@ -460,12 +460,19 @@ struct ScoreLoader : RowStart<Index, kShifted> {
   // How the loads of x are cached from here on, where kL2Hints.
   __device__ __forceinline__ void set_caching(const PassCaching& caching) { x_caching = caching; }
 
-  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0.
+  // Takes the row from column `begin` on (a block's slice of the row), which becomes column 0. Where kShifted, begin
+  // counts from the vector boundary before the row and is a whole number of vectors: a slice after the first starts
+  // within the row, and the mask's own vectors are counted from the slice too.
   __device__ __forceinline__ void start_at(Index begin) {
     x += begin;
     mask += begin;
     pin_addresses();
     visible_end = visible_end > begin ? visible_end - begin : 0;
+    if constexpr (kShifted) first = begin > 0 ? 0 : first;
+    if constexpr (kJoinsMask || kHalves) {
+      mask_shift.low -= begin;
+      mask_shift.high -= begin;
+    }
   }
 
   // Issues the loads of the vector at `col`, which must lie before visible_end.
