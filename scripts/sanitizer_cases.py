@@ -15,7 +15,8 @@ without a causal limit: the backward but in fp64 at 65536, the forward with an a
 below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000,
 16-bit at 131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte
 words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other
-forwards, the fp64 backward at 65536, and 40001 over 16 blocks for element-wise loads); causal rows that see few of
+forwards, the fp64 backward at 65536; causal rows that start mid-vector, 40001, in vectors from the boundary before
+each row, and fp64 ones element by element); causal rows that see few of
 their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
 the backward of short rows that start mid-vector read and written as flat runs of whole vectors; a mask repeated over
 batches that start elsewhere in their vectors, written out over a few of them, or read as half vectors where they
@@ -117,10 +118,10 @@ def main() -> int:
     # Short rows that start mid-vector, whose backward takes flat runs (backward_flat) without a causal limit: 16 rows
     # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them). With eight
     # rows a batch, a batch is a whole number of vectors, so the masks over the rows start as far into their vectors
-    # as x's, and the forward reads one vector of them for each of x's (MaskPlacement::kAlike): here, and at 197 and
-    # 1500 columns (four and six vectors a thread).
+    # as x's, and the forward reads one vector of them for each of x's (MaskPlacement::kAlike): here, at 197 and
+    # 1500 columns (four and six vectors a thread), and at 20,001 (a cluster's blocks, or two passes where causal).
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        for cols in (49, 97, 197, 1500):
+        for cols in (49, 97, 197, 1500, 20001):
             x = torch.randn(2, 8, cols, device="cuda", dtype=dtype).requires_grad_()
             for mask_name, mask in masks_for(dtype, 8, cols).items():
                 for is_causal in (False, True):

@@ -69,6 +69,24 @@ def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     assert_forward_backward_match(x, mask, 0.3)
 
 
+# Causal rows that start mid-vector, too long for one pass (fp32 from 8192 columns, 16-bit from 16,384): two passes in
+# vectors from the boundary before each row, as above, zeros past the keys a row sees. Lower-right, so that every row
+# sees nearly all its keys and none is narrowed. A bias over 3 heads of 6 queries starts half a vector from x's every
+# other batch in fp32 (18 x 9001 elements), elsewhere in 16-bit; one in fp32 for 16-bit x, x's compute type.
+@pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.bfloat16, 16385), (torch.float16, 20001)])
+@pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias", "fp32_bias"])
+def test_long_causal_rows_that_start_mid_vector(dtype, cols, mask_form):
+    x = random_scores((2, 3, 6, cols), dtype, "cuda").requires_grad_()
+    mask = None
+    if mask_form == "key_padding":
+        mask = (torch.rand((2, 1, 1, cols), generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
+    elif mask_form == "full":
+        mask = random_scores(x.shape, dtype, "cuda", generator_seed=2)
+    elif mask_form in ("bias", "fp32_bias"):
+        mask = random_scores((3, 6, cols), dtype if mask_form == "bias" else torch.float32, "cuda", generator_seed=2)
+    assert_forward_backward_match(x, mask, 0.3, is_causal=True, causal_variant="lower_right")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_long_rows_that_see_few_keys(dtype, causal_variant):
@@ -166,9 +184,9 @@ def test_unaligned_rows_narrowed_to_what_they_see(dtype, queries, cols, mask_for
 
 # Lower-right, more queries than keys: the first Sq - Sk rows see no key. Rows that forward_staged brings into shared
 # memory (bf16 of 4096 columns, causal rows of 8 KiB; the backward's backward_staged at 16,384), and fp32 rows of
-# 8192 columns with a bool mask not in 16-byte words (the two-pass kernels).
+# 8192 columns with a bool mask not in 16-byte words (the two-pass kernels), and of 8193, whose rows start mid-vector.
 @pytest.mark.parametrize("dtype, cols, mask_offset", [(torch.bfloat16, 4096, None), (torch.float32, 8192, 1),
-                                                      (torch.bfloat16, 16384, None)])
+                                                      (torch.bfloat16, 16384, None), (torch.float32, 8193, 1)])
 def test_lower_right_rows_that_see_no_key(dtype, cols, mask_offset):
     queries = cols + 96
     x = random_scores((queries, cols), dtype, "cuda").requires_grad_()
@@ -264,9 +282,11 @@ def test_long_causal_rows_whose_mask_is_not_in_words(dtype, cols, offset):
 
 # As above, rows taken whole in two passes (mask rows not in words) or staged (in words), each but the last hiding its
 # last few keys: one row's visible scores hold +inf, another's NaN. Those rows are NaN at every position, the hidden
-# ones included, as the float64 reference is; their gradients NaN where visible and 0 where hidden.
+# ones included, as the float64 reference is; their gradients NaN where visible and 0 where hidden. Rows of 16,385 and
+# 8193 columns start mid-vector: their NaN stops at the row's end, short of the next row's first elements.
 @pytest.mark.parametrize("dtype, cols, offset", [(torch.bfloat16, 16384, 8), (torch.bfloat16, 16384, 0),
-                                                 (torch.float32, 8192, 4), (torch.float32, 8192, 0)])
+                                                 (torch.float32, 8192, 4), (torch.float32, 8192, 0),
+                                                 (torch.bfloat16, 16385, 8), (torch.float32, 8193, 0)])
 def test_long_causal_rows_that_saw_nan_are_nan_everywhere(dtype, cols, offset):
     x = random_scores((6, cols), dtype, "cpu")
     x[1, 0] = float("inf")

@@ -221,7 +221,10 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
         return true;
       }
       if constexpr (causal()) {
-        return false;
+        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
+        launch_two_pass(backward_two_pass<scalar_t, VEC, /*kCausal=*/true, /*kShifted=*/true>, shifted.params, VEC,
+                        stream);
+        return true;
       } else {
         const ClusterShape shape = split_over_cluster(shifted_span(p.cols, VEC), VEC,
                                                       backward_max_threads<scalar_t, VEC, kTargetIters>);

@@ -513,14 +513,15 @@ __global__ void __launch_bounds__(bias_grad_max_threads<scalar_t, VEC, kTargetIt
 // Rows beyond one block's registers, in two passes over slices of the row as in forward_two_pass: pass 1 sums
 // dy * y over the slice, the slices' sums are added through distributed shared memory, pass 2 reads both again
 // (from L2) and writes dx; kUnroll vectors per thread in flight. One block a multiprocessor, as forward_two_pass.
-template <typename scalar_t, int VEC, bool kCausal>
+// kShifted: as forward_two_pass's, a whole vector checked as any other where it may begin before the row.
+template <typename scalar_t, int VEC, bool kCausal, bool kShifted = false>
 __global__ void __launch_bounds__(kLongRowThreads, 1)
     backward_two_pass(const BackwardParams p, const int blocks_per_row) {
-  using Row = GradientRow<scalar_t, VEC, kCausal>;
+  using Row = GradientRow<scalar_t, VEC, kCausal, int64_t, kShifted>;
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   __shared__ ClusterExchange<acc_t, kMaxClusterBlocks> exchange;
-  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  const RowSlice slice(kShifted ? shifted_span(p.cols, VEC) : p.cols, VEC, blocks_per_row);
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
     g.set_caching(keep);
     acc_t local_dot = 0;
     for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw, auto whole) {
-      if constexpr (decltype(whole)::value) {
+      if constexpr (decltype(whole)::value && !kShifted) {
         local_dot += g.visible_dot(raw);
       } else {
         local_dot += g.dot(col, raw);
@@ -544,13 +545,13 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
     g.set_caching(leave);
     const int64_t past = for_each_visible_vector<VEC, kUnroll>(g, first, step, [&](int64_t col, const auto& raw,
                                                                                   auto whole) {
-      if constexpr (decltype(whole)::value) {
+      if constexpr (decltype(whole)::value && !kShifted) {
         g.store_visible_gradient(col, raw, row_dot);
       } else {
         g.store_gradient(col, raw, row_dot);
       }
     });
-    store_filled<VEC>(g.dx, past, slice.end, step, scalar_t(0));
+    store_filled<VEC, kShifted>(g.dx, past, g.end, step, scalar_t(0), g.first);
   }
   if (blocks_per_row > 1) exchange.finish();
 }

@@ -528,29 +528,32 @@ struct TwoPassShape {
 // ptxas meets with about 96 registers and two blocks; with a 16-bit mask, which doubles what a slice holds, fewer
 // slices at once leave pass 2 finding them in L2 (v10). fp32 results keep pass 2's plain form: with a bool mask at
 // 262,144 columns the fused one measured 6% slower (v16). launch_two_pass sizes slices by kUnroll vectors a thread,
-// which only rows without a causal limit are split into.
-template <typename scalar_t, typename mask_t, bool kCausal>
+// which only rows without a causal limit are split into. Causal rows that start mid-vector (kShifted) with a bool mask
+// at a block fewer: as many as the others, 16-bit ones spilled 12-80 bytes and fp32 ones 36-80 (ptxas, sm_90).
+template <typename scalar_t, typename mask_t, bool kCausal, bool kShifted = false>
 constexpr TwoPassShape kTwoPassShape =
     sizeof(scalar_t) > 4 || mask_bytes_v<mask_t> > 1 ? TwoPassShape{1, kUnroll, sizeof(scalar_t) == 2}
     : !kCausal                                      ? TwoPassShape{3, kUnroll, sizeof(scalar_t) == 2}
-    : sizeof(scalar_t) == 2                         ? TwoPassShape{5, 2, true}
-                                                    : TwoPassShape{4, kUnroll, false};
+    : sizeof(scalar_t) == 2 ? TwoPassShape{kShifted && has_mask_v<mask_t> ? 4 : 5, 2, true}
+                            : TwoPassShape{kShifted && has_mask_v<mask_t> ? 3 : 4, kUnroll, false};
 
 // Rows beyond one block's registers, in two passes over slices of the row: one slice for each of the
 // `blocks_per_row` blocks of a cluster (or the whole row for a lone block). Pass 1 keeps a running max and a sum
 // of exponentials rescaled to it; the slices' figures are merged through distributed shared memory; pass 2 reads
 // the slice again, from L2 while slices are small, and writes y. The rest as kTwoPassShape gives it (a struct as a
 // template argument is beyond the host stubs nvcc writes): kUnrollVectors vectors per thread are loaded before any
-// is used, to keep enough bytes in flight.
-template <typename scalar_t, typename mask_t, int VEC, int kMinBlocks, int kUnrollVectors, bool kFastExp>
+// is used, to keep enough bytes in flight. kShifted, kMask: as forward_in_registers'; such rows are sliced over the
+// most columns one spans from the vector boundary before it (shifted_span).
+template <typename scalar_t, typename mask_t, int VEC, int kMinBlocks, int kUnrollVectors, bool kFastExp,
+          bool kShifted = false, MaskPlacement kMask = MaskPlacement::kAlike>
 __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     forward_two_pass(const ForwardParams p, const int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
-  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC>;
+  using Loader = ScoreLoader<scalar_t, mask_t, acc_t, VEC, int64_t, kShifted, kMask>;
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
-  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  const RowSlice slice(kShifted ? shifted_span(p.cols, VEC) : p.cols, VEC, blocks_per_row);
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;
@@ -581,7 +584,9 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
     });
     SoftmaxStats<acc_t> stats = block_stats(SoftmaxStats<acc_t>{local_max, local_sum}, shared);
     if (blocks_per_row > 1) stats = exchange.reduce(stats, MergeStats(), blocks_per_row, round++);
-    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.output_row_stride;
+    // y's row from the vector boundary before it, as x's (rows_shifted_alike); the last slice may pass its end.
+    scalar_t* y = static_cast<scalar_t*>(p.y) + row * p.output_row_stride - loader.first;
+    const int64_t end = kShifted && loader.first + p.cols < slice.end ? loader.first + p.cols : slice.end;
     loader.set_caching(leave);
     with_normalized_exp<scalar_t, kFastExp>(stats, [&](const auto& normalized) {
       const int64_t past = for_each_visible_vector<VEC, kUnrollVectors>(loader, first, step, [&](int64_t col,
@@ -591,13 +596,18 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) s[v] = normalized(s[v]);
         // A whole vector lies before visible_end, which clip() put at or before the slice's end.
-        if ((kFastExp && decltype(whole)::value) || col < slice.end) store_vector<VEC>(y, col, s);
+        if constexpr (kShifted) {
+          store_vector_within<VEC>(y, col, s, loader.first, end);
+        } else if ((kFastExp && decltype(whole)::value) || col < slice.end) {
+          store_vector<VEC>(y, col, s);
+        }
       });
       // Past the visible keys, zeros; NaN in a row that saw a NaN or +inf score (its sum NaN), as all the rest of it,
       // up to y's row length where the launch is narrowed (narrowed_to_visible: zeroed before it).
       const bool nan_row = at::_isnan(stats.sum);
       const scalar_t hidden = nan_row ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0);
-      store_filled<VEC>(y, past, nan_row && p.is_causal ? p.output_row_stride : slice.end, step, hidden);
+      store_filled<VEC, kShifted>(y, past, nan_row && p.is_causal ? loader.first + p.output_row_stride : end, step,
+                                  hidden, loader.first);
     });
   }
   if (blocks_per_row > 1) exchange.finish();

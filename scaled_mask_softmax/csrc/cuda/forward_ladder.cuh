@@ -251,18 +251,25 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
                             kBytes, p.shape, VEC)) {
       return false;
     }
-    if (p.is_causal && p.cols >= kCausalTwoPassColumns<scalar_t>) return false;
     const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<at::opmath_type<scalar_t>>(VEC, 1),
                                       forward_target_iters(shifted_span(p.cols, VEC), VEC));
+    const bool long_causal = p.is_causal && (p.cols >= kCausalTwoPassColumns<scalar_t> || !plan.in_registers);
     const ClusterShape cluster =
         plan.in_registers || p.is_causal
             ? ClusterShape{0, 0, false}
             : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
-    if (!plan.in_registers && cluster.blocks_per_row == 0) return false;
+    if (!plan.in_registers && !long_causal && cluster.blocks_per_row == 0) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
     const auto launch = [&](auto placement) {
       constexpr MaskPlacement kMask = decltype(placement)::value;
+      if (long_causal) {
+        constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, /*kCausal=*/true, /*kShifted=*/true>;
+        launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp,
+                                         /*kShifted=*/true, kMask>,
+                        shifted, VEC, stream);
+        return true;
+      }
       if (plan.in_registers) {
         return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, kMask>(shifted, plan,
                                                                                   /*unstaged_too=*/true, stream);

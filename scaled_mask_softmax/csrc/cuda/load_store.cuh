@@ -181,13 +181,22 @@ __device__ __forceinline__ int lead_of(const T* row) {
   return static_cast<int>(reinterpret_cast<uintptr_t>(row) % (VEC * sizeof(T)) / sizeof(T));
 }
 
-// `value` in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys.
-template <int VEC, typename T>
-__device__ __forceinline__ void store_filled(T* row, int64_t from, int64_t end, int64_t step, T value) {
-  Vector<T, VEC> filled;
+// `value` in the vectors at `from`, from + step, ... before `end`: what a row holds past its visible keys. kShifted:
+// the row may start and end mid-vector, and only its elements in [begin, end) are written (store_vector_within).
+template <int VEC, bool kShifted = false, typename T>
+__device__ __forceinline__ void store_filled(T* row, int64_t from, int64_t end, int64_t step, T value,
+                                             int64_t begin = 0) {
+  if constexpr (kShifted) {
+    T values[VEC];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) filled.element[i] = value;
-  for (int64_t col = from; col < end; col += step) store_bits(row, col, filled);
+    for (int i = 0; i < VEC; ++i) values[i] = value;
+    for (int64_t col = from; col < end; col += step) store_vector_within<VEC>(row, col, values, begin, end);
+  } else {
+    Vector<T, VEC> filled;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) filled.element[i] = value;
+    for (int64_t col = from; col < end; col += step) store_bits(row, col, filled);
+  }
 }
 
 // The elements of `vector` in acc_t. bf16 pairs are widened a 32-bit word at a time, one instruction an element
@@ -580,11 +589,12 @@ struct ScoreLoader : RowStart<Index, kShifted> {
     return max;
   }
 
-  // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be.
+  // scores() of a vector that for_each_visible_vector says is `whole`ly visible, or may not be. Where kShifted, a
+  // whole vector may still begin before the row (at its first), and is checked as any other.
   template <bool kWhole>
   __device__ __forceinline__ void scores(Index col, const Raw& raw, std::integral_constant<bool, kWhole>,
                                          acc_t (&s)[VEC]) const {
-    if constexpr (kWhole) {
+    if constexpr (kWhole && !kShifted) {
       visible_scores(raw, s);
     } else {
       scores(col, raw, s);
