@@ -169,7 +169,7 @@ def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, co
 # columns no longer whole; bf16 ones a warp a row), the rest of y and dx zeroed in 16-byte words but where a row's
 # ends cut them. With a key-padding mask, whose rows start elsewhere in their vectors than x's, and a bias.
 @pytest.mark.parametrize("dtype, queries, cols", [(torch.float32, 1000, 9001), (torch.bfloat16, 1000, 9001),
-                                                  (torch.float16, 300, 4099), (torch.float32, 60, 2051)])
+                                                  (torch.float16, 300, 8195), (torch.float32, 60, 8197)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])
 def test_unaligned_rows_narrowed_to_what_they_see(dtype, queries, cols, mask_form):
     x = random_scores((2, 2, queries, cols), dtype, "cuda").requires_grad_()
@@ -198,13 +198,13 @@ def test_lower_right_rows_that_see_no_key(dtype, cols, mask_offset):
 # Upper-left rows narrowed to the columns they see (bf16, 4096 of 16,384 columns; fp32, 8192 of 32,768), long enough
 # for the kernels of long causal rows rather than the group kernel (forward_staged; with a key mask off 16-byte words,
 # the two-pass kernel), a few of them NaN or +inf where they see: NaN at every column, the zeros past the narrowed
-# columns included, as the float64 reference is; the other rows untouched. Rows of 9001 and 4101 columns start
+# columns included, as the float64 reference is; the other rows untouched. Rows of 9001 and 8197 columns start
 # mid-vector: the kernels that take them from the vector boundary before write the NaN past the narrowed columns.
 @pytest.mark.parametrize("dtype, queries, cols, masked", [(torch.bfloat16, 4096, 16384, False),
                                                           (torch.float32, 8192, 32768, False),
                                                           (torch.float32, 8192, 32768, True),
                                                           (torch.float32, 1000, 9001, False),
-                                                          (torch.bfloat16, 1000, 4101, True)])
+                                                          (torch.bfloat16, 1000, 8197, True)])
 def test_narrowed_rows_that_saw_nan_are_nan_everywhere(dtype, queries, cols, masked):
     x = random_scores((queries, cols), dtype, "cpu")
     nan_rows = [3, queries // 2, queries - 1]

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # v132, v133 and v134 against main on the GPU machine (benchmarks/NOTES.md, "v132", "v133" and "v134"), in three
-# calls of about 300, 300 and 300 s (measure twice: a round a call). v134's patch holds all three commits on main. Packed here first:
+# calls (on an H100, 2026-12-06: build and tests 600 s with memcheck cut short, measure 40 s a round, grid 60 s).
+# v134's patch holds all three commits on main, v135's all four (TREE=v135-shifted-causal-two-pass). Packed here first:
 #   scripts/variants.sh pack main benchmarks/prepared/v134-shifted-forward-in-cluster.patch
 # then, there (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v132-v134.sh build, then ... measure, then
 # ... grid. Its own lines go to $OUT/run.txt as well: variants.sh packs $OUT's *.log files away between its actions.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-tree=v134-shifted-forward-in-cluster
+tree="${TREE:-v134-shifted-forward-in-cluster}"
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
 case "${1:?build, measure or grid}" in

@@ -238,18 +238,18 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
-// The ladder of rows that are not all whole vectors from a vector boundary: causal rows narrowed first where
-// backward_ladder's would be at half their keys, then flat runs, or in vectors where launch_backward_shifted takes
-// them, element by element otherwise. Narrowed only in the element-by-element ladder, causal rows of 9001 columns that
-// see up to 1024 keys took 1.3 times their floor in bf16 (in vectors, whole) and 3.1 in fp32 (H100;
-// benchmarks/NOTES.md, v132).
+// The ladder of rows that are not all whole vectors from a vector boundary: causal rows of
+// kUnalignedNarrowedFromColumns or more narrowed first where backward_ladder's would be at half their keys, then flat
+// runs, or in vectors where launch_backward_shifted takes them, element by element otherwise. Narrowed only in the
+// element-by-element ladder, causal rows of 9001 columns that see up to 1024 keys took 1.3 times their floor in bf16
+// (in vectors, whole) and 3.1 in fp32; narrowed here, 1.18 and 1.07 (an H100; benchmarks/NOTES.md, v132-v135).
 template <typename scalar_t, int VEC>
 void unaligned_backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const auto launch_narrowed = [&](const BackwardParams& narrowed) {
     unaligned_backward_ladder<scalar_t, VEC>(narrowed, stream);
   };
   const bool narrowed = with_flag(p.is_causal, [&](auto causal) {
-    return narrowed_at_half<scalar_t, VEC, causal()>(p) &&
+    return p.cols >= kUnalignedNarrowedFromColumns && narrowed_at_half<scalar_t, VEC, causal()>(p) &&
            narrowed_to_visible(p, static_cast<scalar_t*>(p.dx), kHalfNarrowedParts, stream, launch_narrowed);
   });
   if (!narrowed && !launch_backward_flat<scalar_t, VEC>(p, stream) &&

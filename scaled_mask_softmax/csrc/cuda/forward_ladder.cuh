@@ -306,16 +306,17 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
   }
 }
 
-// The ladder of rows that are not all whole vectors from a vector boundary: causal rows that see at most half their
-// keys narrowed first, as forward_ladder's, then in vectors where launch_shifted takes them, element by element
-// otherwise. Narrowed only in the element-by-element ladder, causal rows of 9001 columns that see up to 1024 keys took
-// 1.5 times their floor in bf16 (in vectors, whole) and 3.3 in fp32 (H100; benchmarks/NOTES.md, v132).
+// The ladder of rows that are not all whole vectors from a vector boundary: causal rows of
+// kUnalignedNarrowedFromColumns or more that see at most half their keys narrowed first, as forward_ladder's, then in
+// vectors where launch_shifted takes them, element by element otherwise. Narrowed only in the element-by-element
+// ladder, causal rows of 9001 columns that see up to 1024 keys took 1.5 times their floor in bf16 (in vectors, whole)
+// and 3.4 in fp32; narrowed here, 1.19 and 1.08 (an H100; benchmarks/NOTES.md, v132-v135).
 template <typename scalar_t, typename mask_t, int VEC>
 void unaligned_ladder(const ForwardParams& p, cudaStream_t stream) {
   const auto launch_narrowed = [&](const ForwardParams& narrowed) {
     unaligned_ladder<scalar_t, mask_t, VEC>(narrowed, stream);
   };
-  if (p.cols >= kHalfNarrowedFromColumns &&
+  if (p.cols >= kUnalignedNarrowedFromColumns &&
       narrowed_to_visible(p, static_cast<scalar_t*>(p.y), kHalfNarrowedParts, stream, launch_narrowed)) {
     return;
   }

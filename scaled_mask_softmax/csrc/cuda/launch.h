@@ -429,6 +429,12 @@ __global__ void __launch_bounds__(kZeroThreads)
 constexpr int64_t kHalfNarrowedFromColumns = 2048;
 // narrowed_to_visible's `parts` for those rows: they see at most 1/2 of their keys.
 constexpr int kHalfNarrowedParts = 2;
+// Rows that are no whole vectors from a vector boundary (unaligned_ladder, unaligned_backward_ladder), which whole are
+// read in vectors from the boundary before each row, are narrowed so only from this many columns. Upper-left, 1000
+// queries (an H100; benchmarks/NOTES.md, v132-v135), ours over the floor, whole -> narrowed: at 2051 columns slower,
+// fp32 forward 1.11 -> 1.29 and backward 1.12 -> 1.22, bf16 backward 1.27 -> 1.44 (its forward 1.61 -> 1.53); at 9001
+// faster, bf16 1.51 -> 1.19 and 1.33 -> 1.18. Between them, not measured.
+constexpr int64_t kUnalignedNarrowedFromColumns = 8192;
 
 // The columns narrowed_to_visible takes p's causal rows up to: as many as the longest row sees, in whole 128-byte lines
 // of 16-bit rows.
