@@ -239,7 +239,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
 // where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
 // rows short of kCausalTwoPassColumns); rows without a causal limit beyond them, and within a cluster's,
 // forward_in_cluster, where aligned ones take forward_staged_in_cluster (whose bulk copies need whole 16-byte words);
-// false otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and 1023 columns measured 2.0-6.6 times the
+// causal rows beyond them forward_two_pass (fp32 rows of 9001 columns, 1.26 -> 1.04 of the floor: v135); false
+// otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and 1023 columns measured 2.0-6.6 times the
 // floor, in vectors 1.0-4.0 (an H100; benchmarks/NOTES.md, v102). Not fp64.
 template <typename scalar_t, typename mask_t, int VEC>
 bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
