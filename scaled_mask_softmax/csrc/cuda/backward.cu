@@ -215,24 +215,24 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
     return with_flag(p.is_causal, [&](auto causal) {
       const RowPlan plan = shifted_plan(p.cols, VEC, registers_for<scalar_t>(VEC, 2),
                                         backward_target_iters(causal(), shifted_span(p.cols, VEC), VEC));
+      const ClusterShape cluster =
+          plan.in_registers || causal()
+              ? ClusterShape{0, 0, false}
+              : split_over_cluster(shifted_span(p.cols, VEC), VEC, backward_max_threads<scalar_t, VEC, kTargetIters>);
+      if (!plan.in_registers && !causal() && cluster.blocks_per_row == 0) return false;
+      const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
       if (plan.in_registers) {
-        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
         launch_backward_in_registers<scalar_t, VEC, causal(), /*kShifted=*/true>(shifted.params, plan, stream);
         return true;
       }
       if constexpr (causal()) {
-        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
         launch_two_pass(backward_two_pass<scalar_t, VEC, /*kCausal=*/true, /*kShifted=*/true>, shifted.params, VEC,
                         stream);
         return true;
       } else {
-        const ClusterShape shape = split_over_cluster(shifted_span(p.cols, VEC), VEC,
-                                                      backward_max_threads<scalar_t, VEC, kTargetIters>);
-        if (shape.blocks_per_row == 0) return false;
-        const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
-        return launch_clusters(shape.wide ? backward_in_cluster<scalar_t, VEC, kWideClusterIters, /*kShifted=*/true>
-                                          : backward_in_cluster<scalar_t, VEC, kTargetIters, /*kShifted=*/true>,
-                               shifted.params, shape.blocks_per_row, shape.threads, stream);
+        return launch_clusters(cluster.wide ? backward_in_cluster<scalar_t, VEC, kWideClusterIters, /*kShifted=*/true>
+                                            : backward_in_cluster<scalar_t, VEC, kTargetIters, /*kShifted=*/true>,
+                               shifted.params, cluster.blocks_per_row, cluster.threads, stream);
       }
     });
   }
