@@ -87,6 +87,26 @@ def test_long_causal_rows_that_start_mid_vector(dtype, cols, mask_form):
     assert_forward_backward_match(x, mask, 0.3, is_causal=True, causal_variant="lower_right")
 
 
+# Causal rows that start mid-vector, without a mask, that blocks hold in registers: on sm_90 brought into shared memory
+# by bulk copies from the vector boundary before each row, each row's visible vectors only (forward_staged's kShifted;
+# causal rows of 8 KiB or more): bf16 rows of 4099 and 9001 columns, fp32 of 2051 and 9001 (which would take two
+# passes). Upper-left the rows see from one key on, lower-right nearly all; the last row's vectors come from the copy
+# of x's last bytes. A row that saw a NaN is NaN to its end, and the next row is not.
+@pytest.mark.parametrize("dtype, queries, cols, causal_variant", [(torch.bfloat16, 600, 4099, "upper_left"),
+                                                                  (torch.bfloat16, 600, 4099, "lower_right"),
+                                                                  (torch.bfloat16, 40, 9001, "lower_right"),
+                                                                  (torch.float32, 300, 2051, "upper_left"),
+                                                                  (torch.float32, 40, 9001, "lower_right")])
+def test_causal_rows_that_start_mid_vector_staged(dtype, queries, cols, causal_variant):
+    x = random_scores((2, 3, queries, cols), dtype, "cuda").requires_grad_()
+    assert_forward_backward_match(x, None, 0.5, True, causal_variant)
+    x = x.detach().clone()
+    x[1, 2, 5, 0] = float("nan")
+    y = sms.scaled_mask_softmax(x, None, 0.5, True, causal_variant)
+    assert y[1, 2, 5].isnan().all() and not y[1, 2, [4, 6]].isnan().any()
+    assert_close_to(y, scaled_mask_softmax_reference(x.double(), None, 0.5, True, causal_variant), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 def test_long_rows_that_see_few_keys(dtype, causal_variant):

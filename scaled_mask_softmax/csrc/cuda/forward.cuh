@@ -340,12 +340,16 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 }
 
 // The scores of a row that a staged kernel brought into `stage` (its mask from `mask_offset`), of which the columns
-// before `visible` are visible.
-template <typename scalar_t, typename mask_t, int VEC>
+// before `visible` are visible. kShifted: the stage holds the row from the vector boundary before it, which starts
+// `lead` elements further on.
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
 __device__ __forceinline__ auto staged_scores(const ForwardParams& p, const unsigned char* stage, int64_t mask_offset,
-                                              int visible) {
-  return ScoreLoader<scalar_t, mask_t, at::opmath_type<scalar_t>, VEC, int>(
-      p, reinterpret_cast<const scalar_t*>(stage), reinterpret_cast<const mask_t*>(stage + mask_offset), visible);
+                                              int visible, int lead = 0) {
+  ScoreLoader<scalar_t, mask_t, at::opmath_type<scalar_t>, VEC, int, kShifted> loader(
+      p, reinterpret_cast<const scalar_t*>(stage), reinterpret_cast<const mask_t*>(stage + mask_offset),
+      lead + visible);
+  if constexpr (kShifted) loader.first = lead;
+  return loader;
 }
 
 // Rows that a block holds in registers, as forward_in_registers, but brought into shared memory first by the copy
@@ -353,28 +357,42 @@ __device__ __forceinline__ auto staged_scores(const ForwardParams& p, const unsi
 // persistent grid whose blocks draw their rows in order (for_each_drawn_row; p.next_row). A block's next row is then
 // on its way while it works on this one, where the register kernel's block has nothing in flight between its last
 // load of one row and its first of the next. Every mask row must start 16-byte aligned and span whole 16-byte words
-// (launch_forward_staged).
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
+// (launch_forward_staged). kShifted (no mask): rows that start mid-vector, y's as far into theirs as x's
+// (rows_shifted_alike), each copied from the vector boundary before it over its vectors (from the tail copy where
+// they would pass x's end, as ScoreLoader reads them), and held as forward_in_registers holds them.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction,
+          bool kShifted = false>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
                                   forward_min_blocks<scalar_t, mask_t, VEC, ITERS>)
     forward_staged(const ForwardParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(VEC * sizeof(scalar_t) == 16, "bulk copies move whole 16-byte vectors");
+  static_assert(!kShifted || !has_mask_v<mask_t>, "rows that start mid-vector are staged without a mask");
   constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ uint64_t shared[kWarp];
-  const int64_t mask_offset = second_operand_offset(p.cols, sizeof(scalar_t));
+  const int64_t staged_cols = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const int64_t mask_offset = second_operand_offset(staged_cols, sizeof(scalar_t));
+  // Where x's row starts, and how far into its vector (0 but where kShifted).
+  const auto x_row = [&](int64_t row, int64_t& mask_start, int& lead) {
+    int64_t x_start;
+    row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
+    const scalar_t* x = static_cast<const scalar_t*>(p.x) + x_start;
+    lead = kShifted ? lead_of<VEC>(x) : 0;
+    return x;
+  };
   const auto locate = [&](int64_t visit) {
     const int64_t row = p.order.row(visit);
-    int64_t x_start, mask_start;
-    row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-    const int64_t visible = round_up(visible_end(p, row), VEC);
-    return StagedCopy{static_cast<const scalar_t*>(p.x) + x_start,
-                      static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
+    int64_t mask_start;
+    int lead;
+    const scalar_t* x = x_row(row, mask_start, lead);
+    const int64_t visible = round_up(lead + visible_end(p, row), VEC);
+    if constexpr (kShifted) x = vectors_from<VEC>(x - lead, int64_t{lead}, p.cols, p.x_end, p.x_tail);
+    return StagedCopy{x, static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
                       copy_bytes(visible, sizeof(scalar_t)), copy_bytes(visible, kMaskSize)};
   };
   const RowCover cover(blockDim.x);
-  const int64_t stage_bytes = stage_bytes_for(p.cols, sizeof(scalar_t), kMaskSize);
+  const int64_t stage_bytes = stage_bytes_for(staged_cols, sizeof(scalar_t), kMaskSize);
   for_each_drawn_row<kStagedRows>(p.next_row, p.rows, stage_bytes, mask_offset, locate,
                                   [&](int64_t visit, unsigned char* stage, const auto& send_ahead) {
     // The row is in registers once the block's first reduction is through its barrier: the stage takes the row
@@ -386,12 +404,17 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
       return result;
     };
     const int64_t row = p.order.row(visit);
+    int lead = 0;
+    if constexpr (kShifted) {
+      int64_t mask_start;
+      x_row(row, mask_start, lead);
+    }
     const int visible = static_cast<int>(visible_end(p, row));
-    const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);
+    const auto loader = staged_scores<scalar_t, mask_t, VEC, kShifted>(p, stage, mask_offset, visible, lead);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
                          kOneReduction>(loader, cover, reduce,
-                                        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row),
-                                        static_cast<int>(p.cols), static_cast<int>(p.output_row_stride));
+                                        static_cast<scalar_t*>(p.y) + output_row_start<kCausal>(p, row) - lead,
+                                        lead + static_cast<int>(p.cols), lead + static_cast<int>(p.output_row_stride));
   });
 #endif
 }

@@ -56,17 +56,21 @@ bool mask_rows_in_words(const ForwardParams& p) {
 }
 
 // Launches forward_staged (launch_staged) for rows that whole blocks hold in registers (`plan`) where every mask row
-// is whole 16-byte words from a 16-byte boundary; false otherwise.
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction>
+// is whole 16-byte words from a 16-byte boundary; false otherwise. kShifted: rows that start mid-vector (`p` as
+// launch_shifted makes it, with its tail copy of x), only without a mask.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kCausal, bool kOneReduction,
+          bool kShifted = false>
 bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStream_t stream) {
-  if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || ITERS < kTargetIters || (kShifted && has_mask_v<mask_t>)) {
     return false;
   } else {
     if (plan.width != plan.threads || !mask_rows_in_words<mask_t>(p)) return false;
     const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
-    return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>,
-                         forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction>, p, plan.threads,
-                         kStagedRows * stage_bytes_for(p.cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
+    const int64_t staged_cols = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+    return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction, kShifted>,
+                         forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction, kShifted>, p,
+                         plan.threads,
+                         kStagedRows * stage_bytes_for(staged_cols, sizeof(scalar_t), mask_bytes_v<mask_t>), stream,
                          long_causal ? std::numeric_limits<int>::max() : kStagedMaxBlocks);
   }
 }
@@ -138,8 +142,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
 
 // Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged
 // where it takes them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
-// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged does not take; kMask: as
-// forward_in_registers'.
+// kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged takes only without a mask;
+// kMask: as forward_in_registers'.
 template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
           MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
 bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unstaged_too, cudaStream_t stream) {
@@ -164,8 +168,8 @@ bool launch_in_registers(const ForwardParams& p, const RowPlan& plan, bool unsta
     constexpr int kIters = decltype(iters)::value;
     return with_flag(p.is_causal, [&](auto causal) {
       const auto launch = [&](auto one_reduction) {
-        if (!kShifted &&
-            launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction()>(p, plan, stream)) {
+        if (launch_forward_staged<scalar_t, mask_t, VEC, kIters, causal(), one_reduction(), kShifted>(p, plan,
+                                                                                                    stream)) {
           return true;
         }
         if (!unstaged_too) return false;
@@ -237,7 +241,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
 
 // Launches forward_in_registers on rows that start mid-vector, read from the vector boundary before each row's start,
 // where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
-// rows short of kCausalTwoPassColumns); rows without a causal limit beyond them, and within a cluster's,
+// rows short of kCausalTwoPassColumns), or forward_staged where it takes them (without a mask; bf16 causal rows of
+// 9001 columns 1.24 -> 1.10 of the floor: v138); rows without a causal limit beyond them, and within a cluster's,
 // forward_in_cluster, where aligned ones take forward_staged_in_cluster (whose bulk copies need whole 16-byte words);
 // causal rows beyond them forward_two_pass (fp32 rows of 9001 columns, 1.26 -> 1.04 of the floor: v135); false
 // otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and 1023 columns measured 2.0-6.6 times the
@@ -265,6 +270,11 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     const auto launch = [&](auto placement) {
       constexpr MaskPlacement kMask = decltype(placement)::value;
       if (long_causal) {
+        // As forward_ladder's: forward_staged where it takes the rows (without a mask), two passes otherwise.
+        if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, kMask>(
+                                     shifted, plan, /*unstaged_too=*/false, stream)) {
+          return true;
+        }
         constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, /*kCausal=*/true, /*kShifted=*/true>;
         launch_two_pass(forward_two_pass<scalar_t, mask_t, VEC, kShape.min_blocks, kShape.unroll, kShape.fast_exp,
                                          /*kShifted=*/true, kMask>,
