@@ -431,10 +431,10 @@ constexpr int64_t kHalfNarrowedFromColumns = 2048;
 constexpr int kHalfNarrowedParts = 2;
 // Rows that are no whole vectors from a vector boundary (unaligned_ladder, unaligned_backward_ladder), which whole are
 // read in vectors from the boundary before each row, are narrowed so only from this many columns. Upper-left, 1000
-// queries (an H100; benchmarks/NOTES.md, v132-v135), ours over the floor, whole -> narrowed: at 2051 columns slower,
-// fp32 forward 1.11 -> 1.29 and backward 1.12 -> 1.22, bf16 backward 1.27 -> 1.44 (its forward 1.61 -> 1.53); at 9001
-// faster, bf16 1.51 -> 1.19 and 1.33 -> 1.18. Between them, not measured.
-constexpr int64_t kUnalignedNarrowedFromColumns = 8192;
+// queries (an H100; benchmarks/NOTES.md, v137), ours over the floor, whole -> narrowed: at 2051 columns slower (fp32
+// forward 1.12 -> 1.29, bf16 backward 1.28 -> 1.43); at 4099 even, the forward staged whole (v138: fp32 1.17 against
+// 1.21 narrowed); from 6145 faster, backward fp32 1.29 -> 1.15, bf16 1.38 -> 1.31, the forward as fast or faster.
+constexpr int64_t kUnalignedNarrowedFromColumns = 6144;
 
 // The columns narrowed_to_visible takes p's causal rows up to: as many as the longest row sees, in whole 128-byte lines
 // of 16-bit rows.
