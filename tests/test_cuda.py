@@ -48,6 +48,17 @@ def test_very_long_rows(dtype, cols):
     assert_forward_backward_match(x, mask, 0.3)
 
 
+def mask_of_form(mask_form, x, key_shape=None, bias_shape=None):
+    """None ("none"); a bool key mask of `key_shape`, about 30% masked ("key_padding"); scores of x's shape ("full")
+    or of `bias_shape` ("bias") in x's dtype; scores of `bias_shape` in fp32 ("fp32_bias")."""
+    if mask_form == "none":
+        return None
+    if mask_form == "key_padding":
+        return (torch.rand(key_shape, generator=torch.Generator().manual_seed(3)) > 0.3).to(x.device)
+    shape = x.shape if mask_form == "full" else bias_shape
+    return random_scores(shape, torch.float32 if mask_form == "fp32_bias" else x.dtype, x.device, generator_seed=2)
+
+
 # Rows that start mid-vector (odd column counts), too long for a block's registers: split over a cluster's blocks in
 # vectors from the boundary before each row, the first slice masking the previous row's end and the last the next
 # row's start. The backward: fp32 at 9001 and 40,001 columns in 2 and 8 blocks, 16-bit at 20,001 and 65,539 in 2 and
@@ -59,13 +70,7 @@ def test_very_long_rows(dtype, cols):
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias"])
 def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     x = random_scores((2, 4, cols), dtype, "cuda").requires_grad_()
-    mask = None
-    if mask_form == "key_padding":
-        mask = (torch.rand(cols, generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
-    elif mask_form == "full":
-        mask = random_scores(x.shape, dtype, "cuda", generator_seed=2)
-    elif mask_form == "bias":
-        mask = random_scores((4, cols), dtype, "cuda", generator_seed=2)
+    mask = mask_of_form(mask_form, x, key_shape=(cols,), bias_shape=(4, cols))
     assert_forward_backward_match(x, mask, 0.3)
 
 
@@ -77,13 +82,7 @@ def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias", "fp32_bias"])
 def test_long_causal_rows_that_start_mid_vector(dtype, cols, mask_form):
     x = random_scores((2, 3, 6, cols), dtype, "cuda").requires_grad_()
-    mask = None
-    if mask_form == "key_padding":
-        mask = (torch.rand((2, 1, 1, cols), generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
-    elif mask_form == "full":
-        mask = random_scores(x.shape, dtype, "cuda", generator_seed=2)
-    elif mask_form in ("bias", "fp32_bias"):
-        mask = random_scores((3, 6, cols), dtype if mask_form == "bias" else torch.float32, "cuda", generator_seed=2)
+    mask = mask_of_form(mask_form, x, key_shape=(2, 1, 1, cols), bias_shape=(3, 6, cols))
     assert_forward_backward_match(x, mask, 0.3, is_causal=True, causal_variant="lower_right")
 
 
@@ -193,11 +192,7 @@ def test_causal_rows_that_see_a_quarter_to_half_of_their_keys(dtype, queries, co
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "bias"])
 def test_unaligned_rows_narrowed_to_what_they_see(dtype, queries, cols, mask_form):
     x = random_scores((2, 2, queries, cols), dtype, "cuda").requires_grad_()
-    mask = None
-    if mask_form == "key_padding":
-        mask = (torch.rand((2, 1, 1, cols), generator=torch.Generator().manual_seed(3)) > 0.3).to("cuda")
-    elif mask_form == "bias":
-        mask = random_scores((2, queries, cols), dtype, "cuda", generator_seed=2)
+    mask = mask_of_form(mask_form, x, key_shape=(2, 1, 1, cols), bias_shape=(2, queries, cols))
     y = assert_forward_backward_match(x, mask, 0.5, is_causal=True)
     assert not y[..., queries:].any() and not x.grad[..., queries:].any()
 
