@@ -14,9 +14,10 @@ fp32), a row split over the blocks of a cluster on sm_90 each holding its slice 
 without a causal limit: the backward but in fp64 at 65536, the forward with an additive mask that the staged kernel
 below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000,
 16-bit at 131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte
-words), and the two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other
-forwards, the fp64 backward at 65536; causal rows that start mid-vector, 40001, in vectors from the boundary before
-each row, and fp64 ones element by element); causal rows that see few of
+words, or without a mask from the vector boundary before a row that starts mid-vector), and the two-pass
+kernels, a block per row (causal rows) or split over the blocks of a cluster (the other forwards, the fp64 backward
+at 65536; causal rows that start mid-vector, 40001, in vectors from the boundary before each row, and fp64 ones
+element by element); causal rows that see few of
 their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
 the backward of short rows that start mid-vector read and written as flat runs of whole vectors; a mask repeated over
 batches that start elsewhere in their vectors, written out over a few of them, or read as half vectors where they
@@ -116,6 +117,10 @@ def main() -> int:
     x = torch.randn(400, 16384, device="cuda").requires_grad_()
     for is_causal in (False, True):
         failures += failed(x, None, "none", is_causal, "lower_right")
+    # And of 16,385 columns, which start mid-vector: split over a cluster's blocks, each slice copied from the vector
+    # boundary before its row, none past the row's last vector (x's last row's from its tail copy).
+    x = torch.randn(400, 16385, device="cuda").requires_grad_()
+    failures += failed(x, None, "none", False, "lower_right")
     # Short rows that start mid-vector, whose backward takes flat runs (backward_flat) without a causal limit: 16 rows
     # of 49 and 97 columns, a run's vectors two and four a lane (fp32 rows of 97 are too long for them). With eight
     # rows a batch, a batch is a whole number of vectors, so the masks over the rows start as far into their vectors

@@ -74,6 +74,19 @@ def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     assert_forward_backward_match(x, mask, 0.3)
 
 
+# Rows that start mid-vector without a mask, split over a cluster's blocks and staged through shared memory (bulk
+# copies from the vector boundary before each row), with many rows a cluster so that every stage is taken again; the
+# last row's vectors come from the copy of x's last bytes. A row that saw a NaN is NaN to its end, the next row not.
+@pytest.mark.parametrize("dtype, rows, cols", [(torch.bfloat16, 600, 20001), (torch.float32, 300, 40001),
+                                               (torch.float16, 150, 65539), (torch.bfloat16, 40, 131077)])
+def test_long_rows_that_start_mid_vector_staged(dtype, rows, cols):
+    x = random_scores((rows, cols), dtype, "cuda")
+    x[7, cols // 2] = float("nan")
+    y = sms.scaled_mask_softmax(x, None, 0.3)
+    assert y[7].isnan().all() and not y[[6, 8]].isnan().any()
+    assert_close_to(y, scaled_mask_softmax_reference(x.double(), None, 0.3), dtype)
+
+
 # Causal rows that start mid-vector, too long for one pass (fp32 from 8192 columns, 16-bit from 16,384): two passes in
 # vectors from the boundary before each row, as above, zeros past the keys a row sees. Lower-right, so that every row
 # sees nearly all its keys and none is narrowed. A bias over 3 heads of 6 queries starts half a vector from x's every

@@ -352,6 +352,18 @@ __device__ __forceinline__ auto staged_scores(const ForwardParams& p, const unsi
   return loader;
 }
 
+// Where x's row `row` starts (its mask's row at `mask_start`), and how far into its vector (`lead`: 0 but where
+// kShifted).
+template <typename scalar_t, int VEC, bool kShifted>
+__device__ __forceinline__ const scalar_t* x_row_start(const ForwardParams& p, int64_t row, int64_t& mask_start,
+                                                       int& lead) {
+  int64_t x_start;
+  row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
+  const scalar_t* x = static_cast<const scalar_t*>(p.x) + x_start;
+  lead = kShifted ? lead_of<VEC>(x) : 0;
+  return x;
+}
+
 // Rows that a block holds in registers, as forward_in_registers, but brought into shared memory first by the copy
 // engine (each row's visible vectors of x and mask, 16 bytes each, in one or two bulk copies) a row ahead, in a
 // persistent grid whose blocks draw their rows in order (for_each_drawn_row; p.next_row). A block's next row is then
@@ -373,19 +385,11 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   __shared__ uint64_t shared[kWarp];
   const int64_t staged_cols = kShifted ? shifted_span(p.cols, VEC) : p.cols;
   const int64_t mask_offset = second_operand_offset(staged_cols, sizeof(scalar_t));
-  // Where x's row starts, and how far into its vector (0 but where kShifted).
-  const auto x_row = [&](int64_t row, int64_t& mask_start, int& lead) {
-    int64_t x_start;
-    row_starts(p.shape, row, p.x_strides, p.mask_strides, x_start, mask_start);
-    const scalar_t* x = static_cast<const scalar_t*>(p.x) + x_start;
-    lead = kShifted ? lead_of<VEC>(x) : 0;
-    return x;
-  };
   const auto locate = [&](int64_t visit) {
     const int64_t row = p.order.row(visit);
     int64_t mask_start;
     int lead;
-    const scalar_t* x = x_row(row, mask_start, lead);
+    const scalar_t* x = x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
     const int64_t visible = round_up(lead + visible_end(p, row), VEC);
     if constexpr (kShifted) x = vectors_from<VEC>(x - lead, int64_t{lead}, p.cols, p.x_end, p.x_tail);
     return StagedCopy{x, static_cast<const unsigned char*>(p.mask) + mask_start * kMaskSize,
@@ -407,7 +411,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
     int lead = 0;
     if constexpr (kShifted) {
       int64_t mask_start;
-      x_row(row, mask_start, lead);
+      x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
     }
     const int visible = static_cast<int>(visible_end(p, row));
     const auto loader = staged_scores<scalar_t, mask_t, VEC, kShifted>(p, stage, mask_offset, visible, lead);
@@ -461,29 +465,39 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
 // mask row must start 16-byte aligned and span whole 16-byte words (launch_forward_staged_in_cluster).
 // kStages: 2, or 1 where two stages would need clusters of 16; the one stage then takes the next row as soon as the
 // slice is in registers (after the block's reduction), as forward_staged's stages do. kDrawn: the clusters draw their
-// rows in order (for_each_cluster_drawn_row; p.next_row) rather than by stride.
-template <typename scalar_t, typename mask_t, int VEC, int kStages, bool kDrawn>
+// rows in order (for_each_cluster_drawn_row; p.next_row) rather than by stride. kShifted (no mask): rows that start
+// mid-vector, y's as far into theirs as x's (rows_shifted_alike), split over the columns they span from the vector
+// boundary before each (shifted_span), as forward_in_cluster's; a block copies its slice's vectors of the row from
+// there (from the tail copy where they would pass x's end), none past the row's last.
+template <typename scalar_t, typename mask_t, int VEC, int kStages, bool kDrawn, bool kShifted = false>
 __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>, 1)
     forward_staged_in_cluster(const ForwardParams p, const int blocks_per_row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(!kShifted || !has_mask_v<mask_t>, "rows that start mid-vector are staged without a mask");
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
   using Value = std::conditional_t<kOneReduction, uint64_t, acc_t>;
   constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ Value shared[kWarp];
   __shared__ ClusterExchange<Value, kMaxClusterBlocks> exchange;
-  const RowSlice slice(p.cols, VEC, blocks_per_row);
+  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const RowSlice slice(span, VEC, blocks_per_row);
   const int begin = static_cast<int>(slice.begin);
   const int width = static_cast<int>(slice.end - slice.begin);
   // Every block's stages are laid out for the widest slice.
-  const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
+  const int64_t widest = slice_columns(span, VEC, blocks_per_row);
   const int64_t mask_offset = second_operand_offset(widest, sizeof(scalar_t));
   const auto locate = [&](int64_t visit) {
-    int64_t x_start, mask_start;
-    row_starts(p.shape, p.order.row(visit), p.x_strides, p.mask_strides, x_start, mask_start);
-    return StagedCopy{static_cast<const scalar_t*>(p.x) + x_start + begin,
-                      static_cast<const unsigned char*>(p.mask) + (mask_start + begin) * kMaskSize,
-                      copy_bytes(width, sizeof(scalar_t)), copy_bytes(width, kMaskSize)};
+    int64_t mask_start;
+    int lead;
+    const scalar_t* x = x_row_start<scalar_t, VEC, kShifted>(p, p.order.row(visit), mask_start, lead);
+    int64_t copied = width;
+    if constexpr (kShifted) {
+      x = vectors_from<VEC>(x - lead, int64_t{lead}, p.cols, p.x_end, p.x_tail);
+      copied = std::clamp<int64_t>(round_up(lead + p.cols, VEC) - begin, 0, widest);
+    }
+    return StagedCopy{x + begin, static_cast<const unsigned char*>(p.mask) + (mask_start + begin) * kMaskSize,
+                      copy_bytes(copied, sizeof(scalar_t)), copy_bytes(width, kMaskSize)};
   };
   const RowCover cover(blockDim.x);
   int round = 0;
@@ -496,15 +510,23 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
       return exchange.reduce(block, op, blocks_per_row, round++);
     };
     const int64_t row = p.order.row(visit);
-    // The slice's keys before the row's visible end. That is all of them (these rows have no causal limit), but
-    // given as `width`, a constant of the loop, it took up to 28 registers more (ptxas, sm_90).
-    const int visible = static_cast<int>(std::clamp<int64_t>(visible_end(p, row) - begin, 0, width));
-    const auto loader = staged_scores<scalar_t, mask_t, VEC>(p, stage, mask_offset, visible);
+    int lead = 0;
+    if constexpr (kShifted) {
+      int64_t mask_start;
+      x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
+    }
+    // The slice's keys before the row's visible end, counted from the slice's start (as is the row's first element,
+    // `first`): all of them in a slice the row neither starts nor ends in (these rows have no causal limit). Given as
+    // `width` there, a constant of the loop, it took up to 28 registers more (ptxas, sm_90).
+    const int visible = static_cast<int>(std::clamp<int64_t>(lead + visible_end(p, row) - begin, 0, width));
+    const int first = begin == 0 ? lead : 0;
+    const auto loader = staged_scores<scalar_t, mask_t, VEC, kShifted>(p, stage, mask_offset, visible - first, first);
     // Results converted before they are stored only in clusters of more than two blocks (bf16 rows of 131,072
     // columns and more; of 65,536 with an additive mask): rows of 262,144 bf16 columns measured 3-4% faster so, but
-    // those of 65,536 in clusters of two (drawn) 1.5-2.6% slower (benchmarks/NOTES.md, v76, v89).
-    softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction, !kDrawn>(
-        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols + begin, width);
+    // those of 65,536 in clusters of two (drawn) 1.5-2.6% slower (benchmarks/NOTES.md, v76, v89). Rows that start
+    // mid-vector are stored a vector at a time.
+    softmax_in_registers<scalar_t, mask_t, VEC, kWideClusterIters, false, false, kOneReduction, !kDrawn && !kShifted>(
+        loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols - lead + begin, kShifted ? visible : width);
   };
   if constexpr (kDrawn) {
     for_each_cluster_drawn_row<kStages>(p.next_row, p.rows, blocks_per_row, stage_bytes, mask_offset, locate,

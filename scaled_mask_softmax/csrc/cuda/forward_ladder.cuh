@@ -95,21 +95,22 @@ constexpr int kOneStageBlocks = 8;
 // 1.112, of eight at 262,144 columns 1.18 -> 1.21 (benchmarks/NOTES.md, v83 and v84).
 constexpr int kMostDrawnClusterBlocks = 2;
 
-// Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (cluster_shape), in
-// half as many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up
-// to kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks
-// where two would take more); where every slice of a mask row is whole 16-byte words from a 16-byte boundary and the
-// device holds such a cluster with its stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8
-// bytes at 128 registers).
-template <typename scalar_t, typename mask_t, int VEC>
-bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t stream) {
-  if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4) {
+// Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (`shape`), in half as
+// many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up to
+// kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks where
+// two would take more); where every slice of a mask row is whole 16-byte words from a 16-byte boundary and the device
+// holds such a cluster with its stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes
+// at 128 registers). kShifted: rows that start mid-vector (`p` as launch_shifted makes it, with its tail copy of x),
+// only without a mask.
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
+bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
+  if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4 || (kShifted && has_mask_v<mask_t>)) {
     return false;
   } else {
-    const ClusterShape shape = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
     if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
+    const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
     const auto shared_bytes = [&](int blocks, int stages) {
-      return stages * stage_bytes_for(slice_columns(p.cols, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
+      return stages * stage_bytes_for(slice_columns(span, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
     };
     int blocks_per_row = shape.wide ? shape.blocks_per_row : std::max(2, shape.blocks_per_row / 2);
     const int64_t most_shared_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
@@ -120,7 +121,7 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
     const bool one_stage =
         blocks_per_row > kOneStageBlocks && shared_bytes(kOneStageBlocks, 1) <= most_shared_bytes;
     if (one_stage) blocks_per_row = kOneStageBlocks;
-    const int64_t widest = slice_columns(p.cols, VEC, blocks_per_row);
+    const int64_t widest = slice_columns(span, VEC, blocks_per_row);
     if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
     const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
     const auto launch = [&](auto kernel, const ForwardParams& params, int stages) {
@@ -128,15 +129,16 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, cudaStream_t strea
     };
     // Only rows whose two stages may take more than kOneStageBlocks blocks take one stage.
     if constexpr (kMostStagedBlocks<mask_t> > kOneStageBlocks) {
-      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1, false>, p, 1);
+      if (one_stage) return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, 1, false, kShifted>, p, 1);
     }
     if (blocks_per_row <= kMostDrawnClusterBlocks) {
       const at::Tensor next_row = zeroed_row_counter();
       ForwardParams drawn = p;
       drawn.next_row = reinterpret_cast<unsigned long long*>(next_row.data_ptr<int64_t>());
-      return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, true>, drawn, kStagedRows);
+      return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, true, kShifted>, drawn,
+                    kStagedRows);
     }
-    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, false>, p, kStagedRows);
+    return launch(forward_staged_in_cluster<scalar_t, mask_t, VEC, kStagedRows, false, kShifted>, p, kStagedRows);
   }
 }
 
@@ -224,7 +226,8 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;
-  if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, stream)) return;
+  const ClusterShape cluster = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+  if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
                           forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
@@ -243,7 +246,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
 // where y's rows start as far into theirs as x's (rows_shifted_alike) and whole rows fit a block's registers (causal
 // rows short of kCausalTwoPassColumns), or forward_staged where it takes them (without a mask; bf16 causal rows of
 // 9001 columns 1.24 -> 1.10 of the floor: v138); rows without a causal limit beyond them, and within a cluster's,
-// forward_in_cluster, where aligned ones take forward_staged_in_cluster (whose bulk copies need whole 16-byte words);
+// forward_staged_in_cluster where it takes them (without a mask), forward_in_cluster otherwise;
 // causal rows beyond them forward_two_pass (fp32 rows of 9001 columns, 1.26 -> 1.04 of the floor: v135); false
 // otherwise. Read element by element (VEC 1), bf16 rows of 49, 197 and 1023 columns measured 2.0-6.6 times the
 // floor, in vectors 1.0-4.0 (an H100; benchmarks/NOTES.md, v102). Not fp64.
@@ -284,6 +287,9 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
       if (plan.in_registers) {
         return launch_in_registers<scalar_t, mask_t, VEC, /*kShifted=*/true, kMask>(shifted, plan,
                                                                                   /*unstaged_too=*/true, stream);
+      }
+      if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC, /*kShifted=*/true>(shifted, cluster, stream)) {
+        return true;
       }
       // A floating mask joined from two vectors each (kApart), at kWideClusterIters, spilled 24-256 bytes (ptxas,
       // sm_90): such rows are left to the element-by-element ladder.
