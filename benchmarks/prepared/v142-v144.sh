@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# v142 and v143 against main on the GPU machine (benchmarks/NOTES.md, "v142", "v143"; each a patch on main), in two
-# calls on an H100: `build test` (about 450 s), then `measure` (about 250 s). Packed here first:
+# v142, v143 and v144 against main on the GPU machine (benchmarks/NOTES.md, "v142", "v143", "v144"; each a patch on
+# main), in two calls on an H100: `build test` (about 500 s), then `measure` (about 300 s). Packed here first:
 #   scripts/variants.sh pack main benchmarks/prepared/v142-shifted-key-padding-staged-in-cluster.patch \
-#     benchmarks/prepared/v143-shifted-two-pass-past-a-cluster.patch
-# then, there (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v142-v143.sh build test, then ... measure.
+#     benchmarks/prepared/v143-shifted-two-pass-past-a-cluster.patch \
+#     benchmarks/prepared/v144-staged-cluster-fewest-blocks.patch
+# then, there (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v142-v144.sh build test, then ... measure.
 # Its own lines go to $OUT/run.txt as well: variants.sh packs $OUT's *.log files away between its actions.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 v142=v142-shifted-key-padding-staged-in-cluster
 v143=v143-shifted-two-pass-past-a-cluster
+v144=v144-staged-cluster-fewest-blocks
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
 gpu_tests() {  # tree, pytest's -k
@@ -22,11 +24,13 @@ for action in "${@:?build, test or measure}"; do
     test)
       echo "tests $v142: $(gpu_tests "$v142" "mid_vector and not causal")"
       echo "tests $v143: $(gpu_tests "$v143" "mid_vector and (long or past)")"
-      NAMES="$v142 $v143" OUT="$OUT" scripts/variants.sh memcheck ;;
+      echo "tests $v144: $(gpu_tests "$v144" "clusters or a_cluster or one_stage or (mid_vector and not causal)")"
+      NAMES="$v142 $v143 $v144" OUT="$OUT" scripts/variants.sh memcheck ;;
     measure)
       # v142's cells: rows that start mid-vector past a block's registers, without a causal limit, with a bool key
       # mask read from global memory beside x staged over a cluster's blocks (v142) or held in their registers (main);
-      # without a mask the same in both (staged, v139). The aligned rows of 65,536 columns for the floor's reach.
+      # without a mask the same in both (staged, v139), but in fewer blocks at 65,539 and 131,077 (v144). The
+      # aligned rows of 65,536 columns for the floor's reach.
       ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep \
         --grid 1x16x1024x20001,1x4x512x65539,1x4x512x65536,1x2x256x131077 --dtypes bfloat16,float32 \
         --variants none,key_padding --passes fwd
@@ -35,7 +39,11 @@ for action in "${@:?build, test or measure}"; do
       ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --grid 1x1x512x262147,1x1x512x262144 --dtypes bfloat16 \
         --variants none,key_padding,additive --passes fwd
       ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --grid 1x2x256x131077 --dtypes float32 --variants additive \
-        --passes fwd ;;
+        --passes fwd
+      # v144's: rows whose fewest staged blocks are no power of two (3 at 90,000 bf16 and 40,001 fp32 columns, 7 at
+      # 100,000 fp32), where main takes the next power of two (4, 4, 8).
+      ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --grid 1x4x512x90000,1x4x512x40001,1x2x256x100000 \
+        --dtypes bfloat16,float32 --variants none,key_padding,bias --passes fwd ;;
     *) echo "unknown action $action" >&2; exit 2 ;;
   esac
 done
