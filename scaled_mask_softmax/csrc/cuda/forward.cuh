@@ -364,6 +364,19 @@ __device__ __forceinline__ const scalar_t* x_row_start(const ForwardParams& p, i
   return x;
 }
 
+// How far into its vector x's row `row` starts: 0 but where kShifted.
+template <typename scalar_t, int VEC, bool kShifted>
+__device__ __forceinline__ int x_row_lead(const ForwardParams& p, int64_t row) {
+  if constexpr (kShifted) {
+    int64_t mask_start;
+    int lead;
+    x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
+    return lead;
+  } else {
+    return 0;
+  }
+}
+
 // Rows that a block holds in registers, as forward_in_registers, but brought into shared memory first by the copy
 // engine (each row's visible vectors of x and mask, 16 bytes each, in one or two bulk copies) a row ahead, in a
 // persistent grid whose blocks draw their rows in order (for_each_drawn_row; p.next_row). A block's next row is then
@@ -408,11 +421,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
       return result;
     };
     const int64_t row = p.order.row(visit);
-    int lead = 0;
-    if constexpr (kShifted) {
-      int64_t mask_start;
-      x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
-    }
+    const int lead = x_row_lead<scalar_t, VEC, kShifted>(p, row);
     const int visible = static_cast<int>(visible_end(p, row));
     const auto loader = staged_scores<scalar_t, mask_t, VEC, kShifted>(p, stage, mask_offset, visible, lead);
     softmax_in_registers<scalar_t, mask_t, VEC, ITERS, kReformsScores<scalar_t, mask_t, VEC, ITERS, kCausal>, kCausal,
@@ -510,11 +519,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
       return exchange.reduce(block, op, blocks_per_row, round++);
     };
     const int64_t row = p.order.row(visit);
-    int lead = 0;
-    if constexpr (kShifted) {
-      int64_t mask_start;
-      x_row_start<scalar_t, VEC, kShifted>(p, row, mask_start, lead);
-    }
+    const int lead = x_row_lead<scalar_t, VEC, kShifted>(p, row);
     // The slice's keys before the row's visible end, counted from the slice's start (as is the row's first element,
     // `first`): all of them in a slice the row neither starts nor ends in (these rows have no causal limit). Given as
     // `width` there, a constant of the loop, it took up to 28 registers more (ptxas, sm_90).
