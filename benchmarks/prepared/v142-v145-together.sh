@@ -4,7 +4,8 @@
 # lease too short for v142-v145.sh's four builds. Their cells are apart: v142 key padding of rows that start
 # mid-vector within a cluster's registers, v143 such rows past them, v144 the staged forwards' block counts (rows
 # without a mask whose vectors are no power of two), v145 the backwards and the forwards of a full mask there.
-# Two calls on an H100: `build measure` (about 450 s), then `test` (about 250 s). Packed here first:
+# Two calls on an H100: `build measure` (about 450 s; ROUNDS=1 about 350), then `test` (about 250 s). Packed here
+# first:
 #   scripts/variants.sh pack main benchmarks/prepared/v142-v145-together.patch
 # then, there (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v142-v145-together.sh build measure, then
 # ... test. Its own lines go to $OUT/run.txt as well: variants.sh packs $OUT's *.log files away between its actions.
@@ -14,7 +15,7 @@ together=v142-v145-together
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
 sweep() {
-  ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep "$@"
+  ROUNDS="${ROUNDS:-2}" OUT="$OUT" scripts/variants.sh sweep "$@"
 }
 for action in "${@:?build, measure or test}"; do
   case "$action" in
@@ -35,8 +36,10 @@ for action in "${@:?build, measure or test}"; do
       sweep --grid 1x2x256x131077,1x2x256x131080 --dtypes bfloat16 --variants none,bias --passes bwd
       sweep --grid 1x4x512x65539,1x2x256x131077 --dtypes float32,bfloat16 --variants additive --passes fwd ;;
     test)
+      # Every line to $OUT (a call cut short still brings back how far the tests got).
       (cd "/tmp/variants/$together" && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py \
-         -k "very_long or long_rows or cluster or one_stage or mid_vector" 2>&1 | tail -n 3)
+         -k "very_long or long_rows or cluster or one_stage or mid_vector" >"$OUT/tests-$together.txt" 2>&1
+       tail -n 3 "$OUT/tests-$together.txt")
       NAMES="$together" OUT="$OUT" scripts/variants.sh memcheck ;;
     *) echo "unknown action $action" >&2; exit 2 ;;
   esac
