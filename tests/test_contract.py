@@ -104,10 +104,11 @@ def test_mask_forms(device, dtype, cols, mask_form):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal_variant", ["upper_left", "lower_right"])
 # On CUDA, causal rows of 9000 columns take two passes in fp32, of 17000 in every dtype; 16-bit rows at 17000 take
-# one shape of the two-pass kernel upper-left (three queries: mostly hidden) and another lower-right. Rows of 32 and
-# 128 columns: the shortest causal rows, which the backward holds at two vectors a thread up to 16 vectors.
-@pytest.mark.parametrize("queries,cols", [(5, 5), (3, 8), (8, 3), (1, 1), (5, 32), (7, 128), (4, 1031), (6, 2048),
-                                          (3, 9000), (3, 17000)])
+# one shape of the two-pass kernel upper-left (three queries: mostly hidden) and another lower-right. Rows of 32, 64
+# and 128 columns: the shortest causal rows, which the backward holds at two vectors a thread up to 8 vectors (16-bit
+# rows of 64 columns) and at four past them (fp32 rows of 64 columns).
+@pytest.mark.parametrize("queries,cols", [(5, 5), (3, 8), (8, 3), (1, 1), (5, 32), (6, 64), (7, 128), (4, 1031),
+                                          (6, 2048), (3, 9000), (3, 17000)])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_causal(device, dtype, causal_variant, queries, cols, with_mask):
     x = random_scores((2, queries, cols), dtype, device)

@@ -38,10 +38,11 @@ bool launch_backward_staged(const BackwardParams& p, const RowPlan& plan, cudaSt
 constexpr int backward_target_iters(bool causal) { return causal ? kTargetIters : 2; }
 
 // The register kernels' causal rows of at most kShortCausalVectors vectors take two a thread nonetheless, in groups
-// of twice the lanes, measured faster. bf16 causal rows over the floor: 49 columns (7 vectors, mid-vector) 3.34 ->
-// 2.40, 64 columns 1.47 -> 1.41, 97 columns 1.86 -> 1.59, 128 columns 1.21 -> 1.19 (an H100; NOTES, v108). The
-// learnable bias's backward keeps backward_target_iters(causal): not measured there.
-constexpr int64_t kShortCausalVectors = 16;
+// of twice the lanes, measured faster. An H100 found it so up to 16 vectors (NOTES, v108), an H200 only up to 8: its
+// bf16 causal rows over the floor, four a thread -> two, 49 columns (7 vectors, mid-vector) 3.07 -> 2.78, 64 columns
+// 1.64 -> 1.48, but 97 columns 1.82 -> 2.08 and 128 columns 1.25 -> 1.35 (NOTES, v146). The learnable bias's
+// backward keeps backward_target_iters(causal): not measured there.
+constexpr int64_t kShortCausalVectors = 8;
 
 inline int backward_target_iters(bool causal, int64_t cols, int vec) {
   return ceil_div(cols, int64_t{vec}) <= kShortCausalVectors ? 2 : backward_target_iters(causal);
