@@ -5,23 +5,22 @@ start mid-vector (an odd row length: read in vectors from the boundary before ea
 operand's last bytes where a vector would pass its end, as the last row's does; a mask row two vectors at a time
 where it starts elsewhere in its vector than x's, as some rows of a mask broadcast over the batch do; at 1023, 1500
 and 2001 columns, past a warp's four vectors a thread in 16-bit types, one warp at five, six and eight; rows that
-start on a boundary likewise at 1088 and 2048 columns, at five and eight),
-element-wise loads (x one element off a vector boundary, whose rows start elsewhere in their vectors than y's), a
-group of lanes per row, a block per row in registers (on sm_90, where few such blocks fit a multiprocessor, and
-causal rows of 8 KiB or more, brought into shared memory by bulk copies first: forward, 16384 in 16-bit types and
-fp32 but not causal, 2048 in fp64 and causal fp32; backward, causal rows of 16384 in 16-bit types and of 8192 in
-fp32), a row split over the blocks of a cluster on sm_90 each holding its slice in registers (20000 and 65536
-without a causal limit: the backward but in fp64 at 65536, the forward with an additive mask that the staged kernel
-below does not take; in clusters of 8 at eight vectors a thread, where 16 blocks would take four: fp32 at 100000,
-16-bit at 131080; in the forward, each slice brought into shared memory first where its mask is whole 16-byte
-words, or without a mask from the vector boundary before a row that starts mid-vector), and the two-pass
-kernels, a block per row (causal rows) or split over the blocks of a cluster (the other forwards, the fp64 backward
-at 65536; causal rows that start mid-vector, 40001, in vectors from the boundary before each row, and fp64 ones
-element by element); causal rows that see few of
-their keys, narrowed to the columns they can see, the rest of their output zeroed apart (NaN where a row saw a NaN);
-the backward of short rows that start mid-vector read and written as flat runs of whole vectors; a mask repeated over
-batches that start elsewhere in their vectors, written out over a few of them, or read as half vectors where they
-start half a vector apart.
+start on a boundary likewise at 1088 and 2048 columns, at five and eight), element-wise loads (x one element off a
+vector boundary, whose rows start elsewhere in their vectors than y's), a group of lanes per row, a block per row in
+registers (on sm_90, where few such blocks fit a multiprocessor, and causal rows of 8 KiB or more, brought into
+shared memory by bulk copies first: forward, 16384 in 16-bit types and fp32 but not causal, 2048 in fp64 and causal
+fp32; backward, causal rows of 16384 in 16-bit types and of 8192 in fp32), a row split over the blocks of a cluster
+on sm_90 each holding its slice in registers (20000 and 65536 without a causal limit: the backward but in fp64 at
+65536, the forward with an additive mask that the staged kernel below does not take; at eight vectors a thread where
+16 blocks would take four, the forward in clusters of 8, the backward in as few blocks as hold the row: fp32 at
+100000 (7), 16-bit at 131080 (5); in the forward, each slice brought into shared memory first where its mask is
+whole 16-byte words, or without a mask from the vector boundary before a row that starts mid-vector), and the
+two-pass kernels, a block per row (causal rows) or split over the blocks of a cluster (the other forwards, the fp64
+backward at 65536; causal rows that start mid-vector, 40001, in vectors from the boundary before each row, and fp64
+ones element by element); causal rows that see few of their keys, narrowed to the columns they can see, the rest of
+their output zeroed apart (NaN where a row saw a NaN); the backward of short rows that start mid-vector read and
+written as flat runs of whole vectors; a mask repeated over batches that start elsewhere in their vectors, written
+out over a few of them, or read as half vectors where they start half a vector apart.
 Results are compared with the float64 reference, so a run that the sanitizer passes is also a correct one. Last, a
 learnable bias (backward_with_bias_grad).
 """

@@ -162,9 +162,10 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     if (narrowed_to_visible(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
       return;
     }
+    const ClusterShape cluster =
+        cluster_shape(p, VEC, backward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kFewest);
     if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
-                           backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, VEC,
-                           backward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+                           backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, cluster, stream)) {
       launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
     return;
@@ -219,7 +220,8 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
       const ClusterShape cluster =
           plan.in_registers || causal()
               ? ClusterShape{0, 0, false}
-              : split_over_cluster(shifted_span(p.cols, VEC), VEC, backward_max_threads<scalar_t, VEC, kTargetIters>);
+              : split_over_cluster(shifted_span(p.cols, VEC), VEC, backward_max_threads<scalar_t, VEC, kTargetIters>,
+                                   WideSplit::kFewest);
       if (!plan.in_registers && !causal() && cluster.blocks_per_row == 0) return false;
       const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
       if (plan.in_registers) {
@@ -330,7 +332,7 @@ bool launch_backward_with_bias_grad_in_cluster(const at::Tensor& y, int64_t bias
     return false;
   } else {
     const ClusterShape shape =
-        split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
+        split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kFewest);
     if (shape.blocks_per_row == 0 || shape.wide) return false;
     const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
     const int64_t resident_clusters = int64_t{resident_blocks(kernel, shape.threads)} *

@@ -226,12 +226,12 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;
-  const ClusterShape cluster = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+  const ClusterShape cluster =
+      cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kHalf);
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
-                          forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, VEC,
-                          forward_max_threads<scalar_t, VEC, kTargetIters>, stream)) {
+                          forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, cluster, stream)) {
       return;
     }
   }
@@ -266,7 +266,8 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     const ClusterShape cluster =
         plan.in_registers || p.is_causal
             ? ClusterShape{0, 0, false}
-            : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
+            : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>,
+                                 WideSplit::kHalf);
     if (!plan.in_registers && !long_causal && cluster.blocks_per_row == 0) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);
