@@ -2,7 +2,7 @@
 # v148 on the GPU machine (benchmarks/NOTES.md, "v148"): v147's build (benchmarks/prepared/v147.sh builds it; a
 # machine kept warm keeps it, otherwise this builds it first, about 260 s) swept under each forced block count: the
 # staged forward's (SMS_STAGED_BLOCKS, 2-8; at least the fewest that hold the row) on rows without a mask, and the
-# wide register kernels' (SMS_WIDE_BLOCKS, 5-8) in the backward and with an fp32 additive mask. About 200 s.
+# wide register kernels' (SMS_WIDE_BLOCKS, 5-8) in the backward and with a floating mask. About 200 s.
 # There (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v148.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,4 +26,7 @@ sweep "$staged" --grid 1x2x256x110000,1x2x256x100000,1x4x512x90000 --dtypes floa
 # plan); main's forward takes 8.
 sweep "$wide" --grid 1x4x512x65539,1x2x256x100000 --dtypes float32 --variants none --passes bwd
 sweep "$wide" --grid 1x2x256x131077,1x2x256x150000 --dtypes bfloat16 --variants none --passes bwd
-sweep "$wide" --grid 1x4x512x65539,1x2x256x100000 --dtypes float32 --variants additive --passes fwd
+# The forward's wide rows that no staged kernel takes: a floating mask on rows that start mid-vector
+# (forward_in_cluster; 5 blocks at fewest, where v145 measured mixed).
+sweep "$wide" --grid 1x4x512x65539 --dtypes float32 --variants additive --passes fwd
+sweep "$wide" --grid 1x2x256x131077 --dtypes bfloat16 --variants additive --passes fwd
