@@ -2,7 +2,7 @@
 # v148 on the GPU machine (benchmarks/NOTES.md, "v148"): v147's build (benchmarks/prepared/v147.sh builds it; a
 # machine kept warm keeps it, otherwise this builds it first, about 260 s) swept under each forced block count: the
 # staged forward's (SMS_STAGED_BLOCKS, 2-8; at least the fewest that hold the row) on rows without a mask, and the
-# wide register kernels' (SMS_WIDE_BLOCKS, 5-8) in the backward and with a floating mask. About 200 s.
+# wide register kernels' (SMS_WIDE_BLOCKS, 5-8) in the backward and with a floating mask. About 300 s.
 # There (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v148.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,11 +22,10 @@ for n in 5 6 7 8; do wide+="w$n:SMS_WIDE_BLOCKS=$n "; done
 sweep "$staged" --grid 1x4x512x65539,1x2x256x131077,1x2x256x200000,1x2x256x80000 --dtypes bfloat16 --variants none \
   --passes fwd
 sweep "$staged" --grid 1x2x256x110000,1x2x256x100000,1x4x512x90000 --dtypes float32 --variants none --passes fwd
-# The fewest wide blocks: 5 at fp32 65,539 and bf16 131,077, 7 at fp32 100,000, 5 at bf16 150,000 (the backward's
-# plan); main's forward takes 8.
-sweep "$wide" --grid 1x4x512x65539,1x2x256x100000 --dtypes float32 --variants none --passes bwd
-sweep "$wide" --grid 1x2x256x131077,1x2x256x150000 --dtypes bfloat16 --variants none --passes bwd
+# The fewest wide blocks in the backward: 5 at fp32 65,539 and bf16 131,077 and 150,000, 7 at fp32 100,000 (both
+# dtypes swept at each length, in one call a setting: the other dtype's rows are extra cells).
+sweep "$wide" --grid 1x4x512x65539,1x2x256x100000,1x2x256x131077,1x2x256x150000 --dtypes float32,bfloat16 \
+  --variants none --passes bwd
 # The forward's wide rows that no staged kernel takes: a floating mask on rows that start mid-vector
-# (forward_in_cluster; 5 blocks at fewest, where v145 measured mixed).
-sweep "$wide" --grid 1x4x512x65539 --dtypes float32 --variants additive --passes fwd
-sweep "$wide" --grid 1x2x256x131077 --dtypes bfloat16 --variants additive --passes fwd
+# (forward_in_cluster; 5 blocks at fewest at fp32 65,539 and bf16 131,077, where v145 measured mixed; main takes 8).
+sweep "$wide" --grid 1x4x512x65539,1x2x256x131077 --dtypes float32,bfloat16 --variants additive --passes fwd
