@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # v147 on the GPU machine (benchmarks/NOTES.md, "v147"): v142-v145 together in one build, each of them turned off
 # by SMS_V142 ... SMS_V145=0, swept apart (each alone on main's plan: "only142" ...), together (the build's own rows)
-# and all off ("none": main's plan), in one call of about 520 s on an H100 (build 260 s). v145 is the forward's half
-# only (main took its backward half); the backward sweeps time main's landed form. Packed here first (the only build
-# in .variants):
+# and all off ("none": main's plan), in one call of about 520 s on an H100 (the build's 260 s skipped where v148.sh
+# left it on a warm machine). v145 is the forward's half only (main took its backward half); the backward sweeps time
+# main's landed form. Packed here first (the only build in .variants):
 #   scripts/variants.sh pack benchmarks/prepared/v147-v148-knobs.patch
 # then, there (carry [".variants"]): OUT=$OUT bash benchmarks/prepared/v147.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
-OUT="$OUT" scripts/variants.sh build
+ls /tmp/variants/v147-v148-knobs/scaled_mask_softmax/_C_cuda*.so >/dev/null 2>&1 || OUT="$OUT" scripts/variants.sh build
 none="none:SMS_V142=0,SMS_V143=0,SMS_V144=0,SMS_V145=0"
 only142="only142:SMS_V143=0,SMS_V144=0,SMS_V145=0"
 only144="only144:SMS_V142=0,SMS_V143=0,SMS_V145=0"
