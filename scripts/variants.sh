@@ -4,6 +4,7 @@
 #                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar
 #   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
 #                                           the float64 reference (check --quick)
+#   scripts/variants.sh ensure              there: builds (as build) only those with no built library in /tmp/variants
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2), each also
 #                                           under the settings in CONFIGS (below)
 #   scripts/variants.sh run [sweep args]    build, then sweep
@@ -37,6 +38,13 @@ build() {
     (cd "/tmp/variants/$name" && python3 -m scaled_mask_softmax check --device cuda --quick) \
       >"$OUT/check-$name.log" 2>&1
     echo "check $name: exit $? | $(tail -n 1 "$OUT/check-$name.log")"
+  done
+}
+
+# The packed builds that a machine kept warm has not built yet (or whose build was cut off).
+unbuilt() {
+  for name in "${names[@]}"; do
+    compgen -G "/tmp/variants/$name/scaled_mask_softmax/_C_cuda*.so" >/dev/null || echo "$name"
   done
 }
 
@@ -102,12 +110,13 @@ case "$action" in
       fi
     done ;;
   build) build; pack_logs ;;
+  ensure) mapfile -t names < <(unbuilt); [ ${#names[@]} -eq 0 ] || { build; pack_logs; } ;;
   sweep) sweep "$@"; pack_logs ;;
   run) build; sweep "$@"; pack_logs ;;
   test) run_tests "$@"; pack_logs ;;
   memcheck) run_memcheck; pack_logs ;;
   *)
-    echo "usage: scripts/variants.sh pack REF... | build | sweep [sweep.py arguments] | run [sweep.py arguments]" \
-         "| test [pytest arguments] | memcheck" >&2
+    echo "usage: scripts/variants.sh pack REF... | build | ensure | sweep [sweep.py arguments]" \
+         "| run [sweep.py arguments] | test [pytest arguments] | memcheck" >&2
     exit 2 ;;
 esac

@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
-ls /tmp/variants/v147-v148-knobs/scaled_mask_softmax/_C_cuda*.so >/dev/null 2>&1 || OUT="$OUT" scripts/variants.sh build
+OUT="$OUT" scripts/variants.sh ensure
 none="none:SMS_V142=0,SMS_V143=0,SMS_V144=0,SMS_V145=0"
 only142="only142:SMS_V143=0,SMS_V144=0,SMS_V145=0"
 only144="only144:SMS_V142=0,SMS_V143=0,SMS_V145=0"

@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 exec > >(tee -a "$OUT/run.txt") 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
-ls /tmp/variants/v147-v148-knobs/scaled_mask_softmax/_C_cuda*.so >/dev/null 2>&1 || OUT="$OUT" scripts/variants.sh build
+OUT="$OUT" scripts/variants.sh ensure
 sweep() {
   local configs="$1"
   shift
