@@ -36,11 +36,12 @@ def assert_forward_backward_match(x, mask, scale, is_causal=False, causal_varian
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 # A row split over a cluster's blocks, staged through their shared memory on sm_90 (as test_long_rows_staged_in_clusters
-# below), held in their registers where the device holds no such staged cluster: bf16 at 65536 and 100000 in 4 and 8
-# blocks, at 131080 and 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the last slice partly
-# filled); fp32 at 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. The backward's rows at eight vectors a
-# thread in as few blocks as hold them: bf16 at 131080 in 5, at 262144 in 8, fp32 at 100000 in 7. Otherwise two passes
-# over slices (element-wise loads, and rows beyond the registers of 16 blocks).
+# below; bf16 at 100000 and 131080 over 7 and 5 blocks and fp32 at 100000 over 7, the counts that fill the most of their
+# threads' vector slots), held in their registers where the device holds no such staged cluster: bf16 at 65536 and
+# 100000 in 4 and 8 blocks, at 131080 and 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the
+# last slice partly filled); fp32 at 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. The backward's rows at
+# eight vectors a thread in as few blocks as hold them: bf16 at 131080 in 5, at 262144 in 8, fp32 at 100000 in 7.
+# Otherwise two passes over slices (element-wise loads, and rows beyond the registers of 16 blocks).
 @pytest.mark.parametrize("cols", [65536, 100000, 131080, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
     x = random_scores((2, cols), dtype, "cuda").requires_grad_()
@@ -76,9 +77,10 @@ def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     assert_forward_backward_match(x, mask, 0.3)
 
 
-# Rows that start mid-vector without a mask, split over a cluster's blocks and staged through shared memory (bulk
-# copies from the vector boundary before each row), with many rows a cluster so that every stage is taken again; the
-# last row's vectors come from the copy of x's last bytes. A row that saw a NaN is NaN to its end, the next row not.
+# Rows that start mid-vector without a mask, split over a cluster's blocks and staged through shared memory (bulk copies
+# from the vector boundary before each row), with many rows a cluster so that every stage is taken again; the last row's
+# vectors come from the copy of x's last bytes. fp16 at 65,539 and bf16 at 131,077 over 3 and 5 blocks, the counts that
+# fill the most of their threads' vector slots. A row that saw a NaN is NaN to its end, the next row not.
 @pytest.mark.parametrize("dtype, rows, cols", [(torch.bfloat16, 600, 20001), (torch.float32, 300, 40001),
                                                (torch.float16, 150, 65539), (torch.bfloat16, 40, 131077)])
 def test_long_rows_that_start_mid_vector_staged(dtype, rows, cols):

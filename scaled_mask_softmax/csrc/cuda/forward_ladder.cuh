@@ -95,13 +95,34 @@ constexpr int kOneStageBlocks = 8;
 // 1.112, of eight at 262,144 columns 1.18 -> 1.21 (benchmarks/NOTES.md, v83 and v84).
 constexpr int kMostDrawnClusterBlocks = 2;
 
+// Threads of a forward_staged_in_cluster block whose slice holds `slice_vectors`: whole warps at kWideClusterIters
+// vectors a thread.
+inline int staged_cluster_threads(int64_t slice_vectors) {
+  return static_cast<int>(ceil_div(ceil_div(slice_vectors, kWideClusterIters), kWarp) * kWarp);
+}
+
+// The share of the vector slots of `blocks` such blocks that a row of `vectors` fills.
+inline double staged_cluster_busy_share(int64_t vectors, int blocks) {
+  return static_cast<double>(vectors) /
+         (static_cast<double>(blocks) * staged_cluster_threads(ceil_div(vectors, blocks)) * kWideClusterIters);
+}
+
+// How much more of its slots a block count must fill than the planned one's to be taken instead. Rows a few vectors
+// past a multiple of a warp's slots leave most of a warp idle in every block: bf16 rows of 65,539 columns measured
+// 1.36 -> 1.12 of the floor over 3 blocks rather than 4 (89% of the slots -> 97%), of 131,077 1.49 -> 1.25 over 5
+// rather than 8 (89% -> 99%); over 7 rather than 8 or 4 (94% -> 100%), fp32 rows of 100,000 with key padding 1.23 ->
+// 1.12, bf16 ones 1.36 -> 1.25, without a mask 1.14 -> 1.12 and 1.27 -> 1.23. Counts that fill as many slots measured
+// within 2% of each other in some rows and up to 6% apart in others, so the plan stays there (an H100;
+// benchmarks/NOTES.md, v148 and v149).
+constexpr double kBusierShare = 0.05;
+
 // Launches forward_staged_in_cluster for the rows that the cluster register kernels would take (`shape`), in half as
 // many blocks where those would hold kTargetIters vectors a thread (at least two), or in twice as many, up to
 // kMostStagedBlocks, until two stages of a slice fit a block's shared memory (one stage over kOneStageBlocks where
-// two would take more); where every slice of a mask row is whole 16-byte words from a 16-byte boundary and the device
-// holds such a cluster with its stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes
-// at 128 registers). kShifted: rows that start mid-vector (`p` as launch_shifted makes it, with its tail copy of x),
-// only without a mask.
+// two would take more), or in the count up to kOneStageBlocks that fills kBusierShare more of its slots; where every
+// slice of a mask row is whole 16-byte words from a 16-byte boundary and the device holds such a cluster with its
+// stages; false otherwise, and for fp64 (its kernel with an fp64 mask spilled 8 bytes at 128 registers). kShifted:
+// rows that start mid-vector (`p` as launch_shifted makes it, with its tail copy of x), only without a mask.
 template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false>
 bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
   if constexpr (VEC * sizeof(scalar_t) != 16 || sizeof(scalar_t) > 4 || (kShifted && has_mask_v<mask_t>)) {
@@ -120,10 +141,29 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
     }
     const bool one_stage =
         blocks_per_row > kOneStageBlocks && shared_bytes(kOneStageBlocks, 1) <= most_shared_bytes;
-    if (one_stage) blocks_per_row = kOneStageBlocks;
-    const int64_t widest = slice_columns(span, VEC, blocks_per_row);
-    if (has_mask_v<mask_t> && widest * mask_bytes_v<mask_t> % 16 != 0) return false;
-    const int threads = static_cast<int>(ceil_div(ceil_div(widest / VEC, kWideClusterIters), kWarp) * kWarp);
+    const auto slices_in_words = [&](int blocks) {
+      return !has_mask_v<mask_t> || slice_columns(span, VEC, blocks) * mask_bytes_v<mask_t> % 16 == 0;
+    };
+    if (one_stage) {
+      blocks_per_row = kOneStageBlocks;
+    } else if (blocks_per_row <= kOneStageBlocks) {
+      const int64_t vectors = ceil_div(span, int64_t{VEC});
+      constexpr int64_t kBlockVectors = int64_t{kWideClusterIters} * forward_max_threads<scalar_t, VEC, kTargetIters>;
+      int busiest = blocks_per_row;
+      for (int blocks = static_cast<int>(std::max<int64_t>(2, ceil_div(vectors, kBlockVectors)));
+           blocks <= kOneStageBlocks; ++blocks) {
+        if (shared_bytes(blocks, kStagedRows) <= most_shared_bytes && slices_in_words(blocks) &&
+            staged_cluster_busy_share(vectors, blocks) > staged_cluster_busy_share(vectors, busiest)) {
+          busiest = blocks;
+        }
+      }
+      if (staged_cluster_busy_share(vectors, busiest) >=
+          staged_cluster_busy_share(vectors, blocks_per_row) + kBusierShare) {
+        blocks_per_row = busiest;
+      }
+    }
+    if (!slices_in_words(blocks_per_row)) return false;
+    const int threads = staged_cluster_threads(slice_columns(span, VEC, blocks_per_row) / VEC);
     const auto launch = [&](auto kernel, const ForwardParams& params, int stages) {
       return launch_clusters(kernel, params, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
     };
