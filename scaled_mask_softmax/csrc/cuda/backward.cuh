@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(backward_max_threads<scalar_t, VEC, kTargetIte
     backward_in_cluster(const BackwardParams p, const int blocks_per_row) {
   using Row = GradientRow<scalar_t, VEC, false, int, kShifted>;
   const RowCover cover(blockDim.x);
-  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const int64_t span = columns_spanned<kShifted>(p.cols, VEC);
   for_each_cluster_visit<typename Row::acc_t, VEC>(span, p.rows, blocks_per_row,
                                                    [&](int64_t row, int begin, int width, const auto& reduce) {
     Row g(p, row);
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(kLongRowThreads, 1)
   using acc_t = typename Row::acc_t;
   __shared__ acc_t shared[kWarp];
   __shared__ ClusterExchange<acc_t, kMaxClusterBlocks> exchange;
-  const RowSlice slice(kShifted ? shifted_span(p.cols, VEC) : p.cols, VEC, blocks_per_row);
+  const RowSlice slice(columns_spanned<kShifted>(p.cols, VEC), VEC, blocks_per_row);
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;

@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
   static_assert(!kShifted || !has_mask_v<mask_t>, "rows that start mid-vector are staged without a mask");
   constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ uint64_t shared[kWarp];
-  const int64_t staged_cols = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const int64_t staged_cols = columns_spanned<kShifted>(p.cols, VEC);
   const int64_t mask_offset = second_operand_offset(staged_cols, sizeof(scalar_t));
   const auto locate = [&](int64_t visit) {
     const int64_t row = p.order.row(visit);
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
   const RowCover cover(blockDim.x);
-  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const int64_t span = columns_spanned<kShifted>(p.cols, VEC);
   for_each_cluster_visit<std::conditional_t<kOneReduction, uint64_t, acc_t>, VEC>(
       span, p.rows, blocks_per_row, [&](int64_t visit, int begin, int width, const auto& reduce) {
     const int64_t row = p.order.row(visit);
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
   constexpr int kMaskSize = mask_bytes_v<mask_t>;
   __shared__ Value shared[kWarp];
   __shared__ ClusterExchange<Value, kMaxClusterBlocks> exchange;
-  const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+  const int64_t span = columns_spanned<kShifted>(p.cols, VEC);
   const RowSlice slice(span, VEC, blocks_per_row);
   const int begin = static_cast<int>(slice.begin);
   const int width = static_cast<int>(slice.end - slice.begin);
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(kLongRowThreads, kMinBlocks)
   constexpr acc_t kMasked = -std::numeric_limits<acc_t>::infinity();
   __shared__ uint64_t shared[kWarp];
   __shared__ ClusterExchange<SoftmaxStats<acc_t>, kMaxClusterBlocks> exchange;
-  const RowSlice slice(kShifted ? shifted_span(p.cols, VEC) : p.cols, VEC, blocks_per_row);
+  const RowSlice slice(columns_spanned<kShifted>(p.cols, VEC), VEC, blocks_per_row);
   if (blocks_per_row > 1) exchange.start();
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   const int64_t first = slice.begin + static_cast<int64_t>(threadIdx.x) * VEC;

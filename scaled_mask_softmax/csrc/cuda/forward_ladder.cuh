@@ -66,7 +66,7 @@ bool launch_forward_staged(const ForwardParams& p, const RowPlan& plan, cudaStre
   } else {
     if (plan.width != plan.threads || !mask_rows_in_words<mask_t>(p)) return false;
     const bool long_causal = kCausal && p.cols * static_cast<int64_t>(sizeof(scalar_t)) >= kStagedCausalRowBytes;
-    const int64_t staged_cols = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+    const int64_t staged_cols = columns_spanned<kShifted>(p.cols, VEC);
     return launch_staged(forward_staged<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction, kShifted>,
                          forward_in_registers<scalar_t, mask_t, VEC, ITERS, kCausal, kOneReduction, kShifted>, p,
                          plan.threads,
@@ -129,7 +129,7 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
     return false;
   } else {
     if (shape.blocks_per_row == 0 || !mask_rows_in_words<mask_t>(p)) return false;
-    const int64_t span = kShifted ? shifted_span(p.cols, VEC) : p.cols;
+    const int64_t span = columns_spanned<kShifted>(p.cols, VEC);
     const auto shared_bytes = [&](int blocks, int stages) {
       return stages * stage_bytes_for(slice_columns(span, VEC, blocks), sizeof(scalar_t), mask_bytes_v<mask_t>);
     };

@@ -194,6 +194,12 @@ inline bool one_warp_past_target(const RowPlan& plan) { return plan.threads == k
 // one past what a warp holds at kTargetIters a thread.
 SMS_HOST_DEVICE int64_t shifted_span(int64_t cols, int vec) { return cols + vec - 1; }
 
+// The columns a row spans as a kernel reads it: shifted_span where it starts mid-vector (kShifted), its own otherwise.
+template <bool kShifted>
+SMS_HOST_DEVICE int64_t columns_spanned(int64_t cols, int vec) {
+  return kShifted ? shifted_span(cols, vec) : cols;
+}
+
 // The plan of rows that start mid-vector: register_plan's for the columns they span.
 inline RowPlan shifted_plan(int64_t cols, int vec, int registers_per_vector, int target_iters = kTargetIters) {
   return register_plan(shifted_span(cols, vec), vec, registers_per_vector, target_iters);
