@@ -95,16 +95,12 @@ constexpr int kOneStageBlocks = 8;
 // 1.112, of eight at 262,144 columns 1.18 -> 1.21 (benchmarks/NOTES.md, v83 and v84).
 constexpr int kMostDrawnClusterBlocks = 2;
 
-// Threads of a forward_staged_in_cluster block whose slice holds `slice_vectors`: whole warps at kWideClusterIters
-// vectors a thread.
-inline int staged_cluster_threads(int64_t slice_vectors) {
-  return static_cast<int>(ceil_div(ceil_div(slice_vectors, kWideClusterIters), kWarp) * kWarp);
-}
-
-// The share of the vector slots of `blocks` such blocks that a row of `vectors` fills.
+// The share of the vector slots of `blocks` forward_staged_in_cluster blocks (kWideClusterIters a thread) that a row
+// of `vectors` fills.
 inline double staged_cluster_busy_share(int64_t vectors, int blocks) {
-  return static_cast<double>(vectors) /
-         (static_cast<double>(blocks) * staged_cluster_threads(ceil_div(vectors, blocks)) * kWideClusterIters);
+  return static_cast<double>(vectors) / (static_cast<double>(blocks) *
+                                         threads_holding(ceil_div(vectors, blocks), kWideClusterIters) *
+                                         kWideClusterIters);
 }
 
 // How much more of its slots a block count must fill than the planned one's to be taken instead. Rows a few vectors
@@ -163,7 +159,7 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
       }
     }
     if (!slices_in_words(blocks_per_row)) return false;
-    const int threads = staged_cluster_threads(slice_columns(span, VEC, blocks_per_row) / VEC);
+    const int threads = threads_holding(slice_columns(span, VEC, blocks_per_row) / VEC, kWideClusterIters);
     const auto launch = [&](auto kernel, const ForwardParams& params, int stages) {
       return launch_clusters(kernel, params, blocks_per_row, threads, stream, shared_bytes(blocks_per_row, stages));
     };

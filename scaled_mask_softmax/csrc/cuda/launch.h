@@ -154,6 +154,11 @@ __device__ __forceinline__ void for_each_cluster_visit(int64_t cols, int64_t vis
   exchange.finish();
 }
 
+// Threads, in whole warps, that hold `vectors` at `iters` vectors a thread.
+inline int threads_holding(int64_t vectors, int iters) {
+  return static_cast<int>(round_up(ceil_div(vectors, iters), kWarp));
+}
+
 // Rows that one block (or a group of lanes) holds in registers, `target_iters` vectors per thread where the row
 // allows; `registers_per_vector`: what one vector of the row costs a thread (all operands it holds). Rows of up to
 // kWarp * kTargetIters vectors are shared by groups of lanes, whatever the target.
@@ -165,7 +170,7 @@ inline RowPlan plan_block(int64_t cols, int vec, int registers_per_vector, int t
     return {true, next_power_of_two(ceil_div(vectors, width)), kShortRowThreads, width};
   }
   for (int iters = target_iters; iters <= kMaxIters; iters *= 2) {
-    const int threads = static_cast<int>(ceil_div(ceil_div(vectors, iters), kWarp) * kWarp);
+    const int threads = threads_holding(vectors, iters);
     if (threads <= max_threads_for(iters * registers_per_vector)) return {true, iters, threads, threads};
   }
   return {false, 1, kLongRowThreads, kLongRowThreads};
@@ -373,7 +378,7 @@ inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads, W
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
   const int iters = wide ? kWideClusterIters : kTargetIters;
-  return {blocks_per_row, static_cast<int>(ceil_div(ceil_div(slice_vectors, iters), kWarp) * kWarp), wide};
+  return {blocks_per_row, threads_holding(slice_vectors, iters), wide};
 }
 
 // split_over_cluster's shape of p's rows, but none for rows with a causal limit.
