@@ -64,12 +64,14 @@ def mask_of_form(mask_form, x, key_shape=None, bias_shape=None):
 # Rows that start mid-vector (odd column counts), too long for a block's registers: split over a cluster's blocks in
 # vectors from the boundary before each row, the first slice masking the previous row's end and the last the next
 # row's start. The backward: fp32 at 9001 and 40,001 columns in 2 and 8 blocks, 16-bit at 20,001 and 65,539 in 2 and
-# 8; fp32 at 65,539 and bf16 at 131,077 in 5 at eight vectors a thread; the forward likewise but fp32 at 9001, which a
-# block holds, and the rows at eight vectors a thread in 8. Masks whose rows start elsewhere in their vectors than
-# x's (a key mask), as far in (a full mask), or as far in or half a vector further (a bias over 4 rows of the 16-bit
-# lengths: 4 x cols is half a vector past a whole number of them).
+# 8; fp32 at 65,539 and bf16 at 131,077 in 5 at eight vectors a thread, bf16 at 200,003 in 7; the forward likewise
+# but fp32 at 9001, which a block holds, and the rows at eight vectors a thread in the count that keeps the most warps
+# resident (5-8). Masks whose rows start elsewhere in their vectors than x's (a key mask), as far in (a full mask), or
+# as far in or half a vector further (a bias over 4 rows of the 16-bit lengths: 4 x cols is half a vector past a whole
+# number of them).
 @pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.float32, 40001), (torch.bfloat16, 20001),
-                                         (torch.float16, 65539), (torch.float32, 65539), (torch.bfloat16, 131077)])
+                                         (torch.float16, 65539), (torch.float32, 65539), (torch.bfloat16, 131077),
+                                         (torch.bfloat16, 200003)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias"])
 def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     x = random_scores((2, 4, cols), dtype, "cuda").requires_grad_()

@@ -178,6 +178,19 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
   }
 }
 
+// Launches forward_in_cluster (kShifted, kMask: as its own) on the rows `shape` splits, where it is wide in the count
+// of blocks that keeps the most warps resident (most_resident_wide); false where `shape` does not split the row or
+// the device holds no such cluster.
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
+          MaskPlacement kMask = MaskPlacement::kAlike>
+bool launch_forward_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
+  constexpr auto kWide = forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>;
+  return launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, kShifted, kMask>, kWide, p,
+                           most_resident_wide(kWide, shape, columns_spanned<kShifted>(p.cols, VEC), VEC,
+                                              forward_max_threads<scalar_t, VEC, kTargetIters>),
+                           stream);
+}
+
 // Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged
 // where it takes them, by forward_in_registers otherwise where `unstaged_too`; returns whether it launched.
 // kShifted: rows that start mid-vector (forward_in_registers'), which forward_staged takes only without a mask;
@@ -266,10 +279,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
       cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kHalf);
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
-    if (launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters>,
-                          forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters>, p, cluster, stream)) {
-      return;
-    }
+    if (launch_forward_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
   }
   with_flag(p.is_causal, [&](auto causal) {
     constexpr TwoPassShape kShape = kTwoPassShape<scalar_t, mask_t, causal()>;
@@ -334,9 +344,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
         return !cluster.wide && launch_clusters(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, true, kMask>,
                                                 shifted, cluster.blocks_per_row, cluster.threads, stream);
       } else {
-        return launch_clusters(cluster.wide ? forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, true, kMask>
-                                            : forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, true, kMask>,
-                               shifted, cluster.blocks_per_row, cluster.threads, stream);
+        return launch_forward_in_cluster<scalar_t, mask_t, VEC, /*kShifted=*/true, kMask>(shifted, cluster, stream);
       }
     };
     if constexpr (has_mask_v<mask_t>) {

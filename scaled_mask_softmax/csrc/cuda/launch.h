@@ -291,6 +291,45 @@ int resident_blocks(Kernel kernel, int threads) {
   });
 }
 
+// A launch of `blocks` blocks of `threads` threads (and `shared_bytes` of dynamic shared memory) in clusters of
+// `blocks_per_row`; `cluster`, the attribute that says so, must outlive it.
+inline cudaLaunchConfig_t cluster_launch(cudaLaunchAttribute& cluster, int64_t blocks, int blocks_per_row, int threads,
+                                         int64_t shared_bytes, cudaStream_t stream) {
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = blocks_per_row;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Clusters of `blocks_per_row` blocks of `kernel` (of `threads` threads and `shared_bytes` of dynamic shared memory)
+// that the current device holds at once; 0 where the kernel has no sm_90 code or the device holds no such cluster.
+template <typename Params>
+int resident_clusters(void (*kernel)(Params, int), int blocks_per_row, int threads, int64_t shared_bytes) {
+  return remembered(reinterpret_cast<const void*>(kernel), threads, blocks_per_row, shared_bytes, [&] {
+    if (!runs_sm90_with(kernel, shared_bytes)) return 0;
+    if (blocks_per_row > 8 &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = cluster_launch(cluster, blocks_per_row, blocks_per_row, threads, shared_bytes,
+                                                     nullptr);
+    int clusters = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    return clusters;
+  });
+}
+
 // Launches kernel(p, blocks_per_row) on clusters of `blocks_per_row` blocks of `threads` threads, a cluster to each
 // of `visits` rows (for_each_cluster_visit); false where the kernel has no sm_90 code or the device holds no such
 // cluster. `shared_bytes`: the dynamic shared memory of a staged kernel's blocks (staged.cuh), which loop over rows
@@ -298,35 +337,12 @@ int resident_blocks(Kernel kernel, int threads) {
 template <typename Params>
 bool launch_clusters_over(void (*kernel)(Params, int), const Params& p, int64_t visits, int blocks_per_row, int threads,
                           cudaStream_t stream, int64_t shared_bytes = 0) {
+  const int resident = resident_clusters(kernel, blocks_per_row, threads, shared_bytes);
+  if (resident == 0) return false;
+  const int64_t clusters = std::min(visits, shared_bytes > 0 ? int64_t{resident} : kMaxBlocks / blocks_per_row);
   cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks_per_row;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(visits, kMaxBlocks / blocks_per_row) * blocks_per_row));
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  const int resident_clusters =
-      remembered(reinterpret_cast<const void*>(kernel), threads, blocks_per_row, shared_bytes, [&] {
-        if (!runs_sm90_with(kernel, shared_bytes)) return 0;
-        if (blocks_per_row > 8 &&
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-          // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
-          (void)cudaGetLastError();
-          return 0;
-        }
-        int clusters = 0;
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-        return clusters;
-      });
-  if (resident_clusters == 0) return false;
-  if (shared_bytes > 0) {
-    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(visits, resident_clusters) * blocks_per_row));
-  }
+  const cudaLaunchConfig_t config =
+      cluster_launch(cluster, clusters * blocks_per_row, blocks_per_row, threads, shared_bytes, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, blocks_per_row));
   return true;
 }
@@ -385,6 +401,32 @@ inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads, W
 template <typename Params>
 ClusterShape cluster_shape(const Params& p, int vec, int max_threads, WideSplit wide_split) {
   return p.is_causal ? ClusterShape{0, 0, false} : split_over_cluster(p.cols, vec, max_threads, wide_split);
+}
+
+// `shape`, but where it is wide, in the count of blocks from the fewest that hold a row of `cols` at
+// kWideClusterIters (`max_threads` a block) to kMaxClusterBlocks / 2 whose clusters of `kernel` keep the most warps
+// resident on the device (the fewest such). A block of the wide kernels takes 91-128 registers a thread, so whether
+// a multiprocessor holds one block or two turns on its threads, and the count with the most warps resident hides
+// the most of a row's latency: the forward with an additive mask over 8 blocks of 288 threads measured 0.99 of the
+// floor in fp32 at 65,539 columns (91 registers, two blocks a multiprocessor) and 1.51 in bf16 at 131,077 (127, one),
+// which over 5 blocks of 416 threads took 1.24 (an H100; benchmarks/NOTES.md, v148 and v150).
+template <typename Params>
+ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape& shape, int64_t cols, int vec,
+                                int max_threads) {
+  if (!shape.wide) return shape;
+  const int64_t vectors = ceil_div(cols, vec);
+  ClusterShape most = shape;
+  int64_t most_warps = 0;
+  for (auto blocks = static_cast<int>(ceil_div(vectors, int64_t{kWideClusterIters} * max_threads));
+       blocks <= kMaxClusterBlocks / 2; ++blocks) {
+    const int threads = threads_holding(ceil_div(vectors, blocks), kWideClusterIters);
+    const int64_t warps = int64_t{resident_clusters(kernel, blocks, threads, 0)} * blocks * (threads / kWarp);
+    if (warps > most_warps) {
+      most = {blocks, threads, true};
+      most_warps = warps;
+    }
+  }
+  return most;
 }
 
 // Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers, as
