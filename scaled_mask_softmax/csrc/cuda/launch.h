@@ -405,11 +405,12 @@ ClusterShape cluster_shape(const Params& p, int vec, int max_threads, WideSplit 
 
 // `shape`, but where it is wide, in the count of blocks from the fewest that hold a row of `cols` at
 // kWideClusterIters (`max_threads` a block) to kMaxClusterBlocks / 2 whose clusters of `kernel` keep the most warps
-// resident on the device (the fewest such). A block of the wide kernels takes 91-128 registers a thread, so whether
-// a multiprocessor holds one block or two turns on its threads, and the count with the most warps resident hides
-// the most of a row's latency: the forward with an additive mask over 8 blocks of 288 threads measured 0.99 of the
-// floor in fp32 at 65,539 columns (91 registers, two blocks a multiprocessor) and 1.51 in bf16 at 131,077 (127, one),
-// which over 5 blocks of 416 threads took 1.24 (an H100; benchmarks/NOTES.md, v148 and v150).
+// resident on the device (the fewest such). A block of the wide kernels takes 80-128 registers a thread, so whether
+// a multiprocessor holds one block or two turns on its threads, and a multiprocessor of one block of few warps has
+// nothing to overlap a row's reductions with. Over 8 blocks of 288 threads the forward with an additive mask took
+// 0.99 of the floor in fp32 at 65,539 columns (91 registers, two blocks a multiprocessor) and 1.50 in bf16 at 131,077
+// (127, one); in bf16 over 5 blocks of 416 threads 1.24, with key padding 2.34 -> 1.90; fp32 with key padding at
+// 65,539 1.25 -> 1.10 (an H100; benchmarks/NOTES.md, v150).
 template <typename Params>
 ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape& shape, int64_t cols, int vec,
                                 int max_threads) {
