@@ -38,9 +38,10 @@ def assert_forward_backward_match(x, mask, scale, is_causal=False, causal_varian
 # A row split over a cluster's blocks, staged through their shared memory on sm_90 (as test_long_rows_staged_in_clusters
 # below; bf16 at 100000 and 131080 over 7 and 5 blocks and fp32 at 100000 over 7, the counts that fill the most of their
 # threads' vector slots), held in their registers where the device holds no such staged cluster: bf16 at 65536 and
-# 100000 in 4 and 8 blocks, at 131080 and 262144 in 8 at eight vectors a thread (where 16 would take four; 131080: the
-# last slice partly filled); fp32 at 65536 in 8 blocks, at 100000 in 8 at eight vectors a thread. The backward's rows at
-# eight vectors a thread in as few blocks as hold them: bf16 at 131080 in 5, at 262144 in 8, fp32 at 100000 in 7.
+# 100000 in 4 and 8 blocks, at 131080 and 262144 at eight vectors a thread in the count that keeps the most warps
+# resident (where 16 would take four; 131080: the last slice partly filled); fp32 at 65536 in 8 blocks, at 100000 at
+# eight vectors a thread. The backward's rows at eight vectors a thread in as few blocks as hold them: bf16 at 131080
+# in 5, at 262144 in 8, fp32 at 100000 in 7.
 # Otherwise two passes over slices (element-wise loads, and rows beyond the registers of 16 blocks).
 @pytest.mark.parametrize("cols", [65536, 100000, 131080, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
