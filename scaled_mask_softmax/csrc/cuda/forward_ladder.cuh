@@ -144,9 +144,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
       blocks_per_row = kOneStageBlocks;
     } else if (blocks_per_row <= kOneStageBlocks) {
       const int64_t vectors = ceil_div(span, int64_t{VEC});
-      constexpr int64_t kBlockVectors = int64_t{kWideClusterIters} * forward_max_threads<scalar_t, VEC, kTargetIters>;
       int busiest = blocks_per_row;
-      for (int blocks = static_cast<int>(std::max<int64_t>(2, ceil_div(vectors, kBlockVectors)));
+      for (int blocks = std::max(2, fewest_wide_blocks(vectors, forward_max_threads<scalar_t, VEC, kTargetIters>));
            blocks <= kOneStageBlocks; ++blocks) {
         if (shared_bytes(blocks, kStagedRows) <= most_shared_bytes && slices_in_words(blocks) &&
             staged_cluster_busy_share(vectors, blocks) > staged_cluster_busy_share(vectors, busiest)) {

@@ -377,6 +377,11 @@ struct ClusterShape {
   bool wide;
 };
 
+// The fewest blocks of at most `max_threads` threads that hold a row of `vectors` at kWideClusterIters a thread.
+inline int fewest_wide_blocks(int64_t vectors, int max_threads) {
+  return static_cast<int>(ceil_div(vectors, int64_t{kWideClusterIters} * max_threads));
+}
+
 // As few blocks as hold a row of `cols` at kTargetIters vectors a thread and at most `max_threads` threads a block,
 // a power of two up to kMaxClusterBlocks; where a row would take kMaxClusterBlocks, as `wide_split` says at
 // kWideClusterIters.
@@ -389,7 +394,7 @@ inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads, W
   if (wide) {
     blocks_per_row = wide_split == WideSplit::kHalf
                          ? blocks_per_row / 2
-                         : static_cast<int>(ceil_div(vectors, int64_t{kWideClusterIters} * max_threads));
+                         : fewest_wide_blocks(vectors, max_threads);
   }
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
@@ -418,8 +423,7 @@ ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape&
   const int64_t vectors = ceil_div(cols, vec);
   ClusterShape most = shape;
   int64_t most_warps = 0;
-  for (auto blocks = static_cast<int>(ceil_div(vectors, int64_t{kWideClusterIters} * max_threads));
-       blocks <= kMaxClusterBlocks / 2; ++blocks) {
+  for (int blocks = fewest_wide_blocks(vectors, max_threads); blocks <= kMaxClusterBlocks / 2; ++blocks) {
     const int threads = threads_holding(ceil_div(vectors, blocks), kWideClusterIters);
     const int64_t warps = int64_t{resident_clusters(kernel, blocks, threads, 0)} * blocks * (threads / kWarp);
     if (warps > most_warps) {
