@@ -5,15 +5,10 @@
 # There (carry [".variants"]), two calls on one warm machine:
 #   OUT=$OUT bash benchmarks/prepared/v149-h200.sh build   both built (side by side), main's cluster tests; ~450 s
 #   OUT=$OUT bash benchmarks/prepared/v149-h200.sh sweep   the cells; about 200 s
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-exec > >(tee -a "$OUT/run.txt") 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
+source "$(dirname "$0")/compare.sh"
 case "${1:-}" in
   build)
-    OUT="$OUT" scripts/variants.sh ensure
-    NAMES=main OUT="$OUT" scripts/variants.sh test tests/test_cuda.py -m gpu \
-      -k "cluster or mid_vector or staged or very_long" ;;
+    build_then_test main "cluster or mid_vector or staged or very_long" ;;
   sweep)
     sweep() { ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --passes fwd "$@"; }
     # Moved: bf16 65,539 4 -> 3 blocks, 131,077 8 -> 5, 200,000 and 100,000 8 and 4 -> 7; fp32 100,000 8 -> 7.

@@ -6,14 +6,10 @@
 # There (carry [".variants"]), two calls on one warm machine:
 #   OUT=$OUT bash benchmarks/prepared/v150.sh build   both built (side by side), main's cluster tests; ~450 s
 #   OUT=$OUT bash benchmarks/prepared/v150.sh sweep   the cells; about 150 s
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-exec > >(tee -a "$OUT/run.txt") 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
+source "$(dirname "$0")/compare.sh"
 case "${1:-}" in
   build)
-    OUT="$OUT" scripts/variants.sh ensure
-    NAMES=main OUT="$OUT" scripts/variants.sh test tests/test_cuda.py -m gpu -k "cluster or mid_vector or very_long" ;;
+    build_then_test main "cluster or mid_vector or very_long" ;;
   sweep)
     sweep() { ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --passes fwd --variants additive,key_padding,bias "$@"; }
     # 9987d8b takes 8 blocks in each. A model of the GPCs (of 12-18 multiprocessors) says: bf16 131,077 and 150,001

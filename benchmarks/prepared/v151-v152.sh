@@ -8,15 +8,10 @@
 # There (carry [".variants"]), two calls on one warm machine:
 #   OUT=$OUT bash benchmarks/prepared/v151-v152.sh build   both built (side by side), the patch's cluster tests; ~450 s
 #   OUT=$OUT bash benchmarks/prepared/v151-v152.sh sweep   the cells; about 150 s
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-exec > >(tee -a "$OUT/run.txt") 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
+source "$(dirname "$0")/compare.sh"
 case "${1:-}" in
   build)
-    OUT="$OUT" scripts/variants.sh ensure
-    NAMES=v151-v152-wide-cluster-registers OUT="$OUT" scripts/variants.sh test tests/test_cuda.py -m gpu \
-      -k "cluster or mid_vector or very_long" ;;
+    build_then_test v151-v152-wide-cluster-registers "cluster or mid_vector or very_long" ;;
   sweep)
     sweep() { ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep "$@"; }
     # v151, moved (main: 5 blocks of 13 warps, one a multiprocessor): 16-bit 131,077 over 8 blocks of 9 warps, two a

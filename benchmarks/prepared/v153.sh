@@ -6,15 +6,10 @@
 # There (carry [".variants"]), two calls on one warm machine:
 #   OUT=$OUT bash benchmarks/prepared/v153.sh build   both built (side by side), the patch's cluster tests; ~450 s
 #   OUT=$OUT bash benchmarks/prepared/v153.sh sweep   the cells; about 120 s
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-exec > >(tee -a "$OUT/run.txt") 2>&1
-nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
+source "$(dirname "$0")/compare.sh"
 case "${1:-}" in
   build)
-    OUT="$OUT" scripts/variants.sh ensure
-    NAMES=v153-cluster-rows-ahead-in-l2 OUT="$OUT" scripts/variants.sh test tests/test_cuda.py -m gpu \
-      -k "cluster or mid_vector or very_long" ;;
+    build_then_test v153-cluster-rows-ahead-in-l2 "cluster or mid_vector or very_long" ;;
   sweep)
     sweep() { ROUNDS=2 OUT="$OUT" scripts/variants.sh sweep --passes fwd --variants additive,key_padding,bias "$@"; }
     # One block a multiprocessor: bf16 at all three lengths, fp32 at 100,003; two: fp32 65,539 and 80,001.
