@@ -6,9 +6,10 @@
 
 Prints one line a cell and appends the same as JSON to --out. No peers are timed; the copy ceiling is measured
 once per run. --kernels adds each kernel's time per call (bench.kernel_times): the launches a call makes, a copy or
-a memset beside ours among them. --plain times, in place of ours, plain kernels that move the same bytes and compute
-nothing (benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a
-column per tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
+a memset beside ours among them; --launches, each launch's grid, block and registers a thread (how the launchers
+split the cell). --plain times, in place of ours, plain kernels that move the same bytes and compute nothing
+(benchmarks/plain.py), and needs none of our CUDA kernels. --table prints a file's cells side by side, a column per
+tag, the median of its runs. scripts/variants.sh sweeps each build in turns, ROUNDS times.
 """
 import argparse
 import collections
@@ -59,6 +60,7 @@ def main():
     parser.add_argument("--passes", type=bench.comma_list(("fwd", "bwd")), default=["fwd", "bwd"])
     parser.add_argument("--plain", action="store_true", help="time benchmarks/plain.py's kernels instead of ours")
     parser.add_argument("--kernels", action="store_true", help="also each kernel's time per call")
+    parser.add_argument("--launches", action="store_true", help="also each launch's grid, block and registers")
     parser.add_argument("--device", default="cuda", help="cpu only to try the script")
     args = parser.parse_args()
     if args.table:
@@ -93,6 +95,11 @@ def main():
                                     for name, kernel_ms in bench.kernel_times(runs[pass_name], device).items()}
                 for name, us in sorted(row["kernel_us"].items(), key=lambda item: -item[1]):
                     print(f"    {us:8.1f} us  {name[:100]}", flush=True)
+            if args.launches:
+                row["launches"] = bench.kernel_launches(runs[pass_name], device)
+                for launch in row["launches"]:
+                    print(f"    grid {launch['grid']} block {launch['block']} {launch['registers']:3} registers  "
+                          f"{launch['name'][:80]}", flush=True)
             if out:
                 out.write(json.dumps(row) + "\n")
         del x, mask, y, dy

@@ -13,10 +13,12 @@ import datetime
 import importlib.util
 import json
 import math
+import pathlib
 import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -221,6 +223,27 @@ def kernel_times(fn, device, grad_to_none=(), calls=50):
     own_us = {event.key: event.self_device_time_total if on_gpu else event.self_cpu_time_total
               for event in profiler.key_averages()}
     return {name: us / calls / 1e3 for name, us in own_us.items() if us > 0}
+
+
+def kernel_launches(fn, device):
+    """The launches one call of fn makes on the GPU, in order: each kernel's name, grid, block and registers a
+    thread, as the profiler's trace records them (how a launcher split the work). None on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    synchronize(device)
+    if device.type != "cuda":
+        return []
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        fn()
+        synchronize(device)
+    with tempfile.TemporaryDirectory() as folder:
+        trace = pathlib.Path(folder) / "trace.json"
+        profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = sorted((event for event in events if event.get("cat") == "kernel"), key=lambda event: event["ts"])
+    return [{"name": event["name"], "grid": event["args"]["grid"], "block": event["args"]["block"],
+             "registers": event["args"]["registers per thread"]} for event in kernels]
 
 
 def copy_bytes_per_ms(device):

@@ -162,6 +162,27 @@ def test_kernel_times_names_each_launch_of_a_call():
     assert "scaled_mask_softmax::forward" not in bench.kernel_times(lambda: x.clone(), x.device)
 
 
+def test_kernel_launches_are_the_gpus_alone():
+    x = torch.randn(2, 3, 5, 7)
+    assert bench.kernel_launches(lambda: torch.ops.scaled_mask_softmax.forward(x, None, 0.5, False, "upper_left"),
+                                 x.device) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_launches_give_each_launchs_shape():
+    """Rows of 65,539 fp32 columns split over the blocks of a cluster (or two passes off sm_90): one launch, whose
+    blocks hold a whole number of warps."""
+    x = torch.randn(4, 65539, device="cuda")
+    launches = bench.kernel_launches(lambda: torch.ops.scaled_mask_softmax.forward(x, None, 0.5, False, "upper_left"),
+                                     x.device)
+    assert [launch["name"].split("<")[0].split()[-1] for launch in launches] in (
+        ["sms::forward_in_cluster"], ["sms::forward_two_pass"])
+    (launch,) = launches
+    assert launch["block"][0] % 32 == 0 and launch["block"][1:] == [1, 1]
+    assert launch["grid"][0] >= 1 and launch["registers"] > 0
+
+
 def load_benchmark_script(name):
     """One of benchmarks/' scripts as a module (the folder is not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
