@@ -10,9 +10,9 @@ build_then_test v154-wide-cluster-counts-to-16 "cluster or mid_vector or very_lo
 sweep() {
   CONFIGS="eight:SMS_WIDE_MOST_BLOCKS=8" ROUNDS="${ROUNDS:-1}" OUT="$OUT" scripts/variants.sh sweep --launches "$@"
 }
-# Moved if the query holds: 16-bit 131,077 (16,386 vectors) from 5 blocks of 13 warps, one a multiprocessor, to 9 or
-# more of at most 8 warps, two; bf16 150,001 likewise. Within 1% unless moved: fp32 65,539 (8 blocks of 10 warps,
-# two a multiprocessor at 91 registers) and bf16 200,003.
+# By the model in NOTES: bf16 131,077 (16,386 vectors) from 5 blocks of 13 warps, one a multiprocessor, to 9 of 8,
+# two, and more clusters at once; 150,001 to 10 blocks of 8 warps and 200,003 to 16 of 7, two a multiprocessor, as
+# many clusters at once as before; fp32 65,539 stays at 8 blocks of 10 warps, two a multiprocessor.
 sweep --passes fwd --variants additive,key_padding --grid 1x2x256x131077,1x2x256x150001 --dtypes bfloat16
 sweep --passes bwd --variants none --grid 1x2x256x131077,1x2x256x150001 --dtypes bfloat16
 sweep --passes fwd --variants additive --grid 1x2x256x200003 --dtypes bfloat16
