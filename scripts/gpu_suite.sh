@@ -6,8 +6,9 @@
 # learnable: forward+backward with a learnable fp32 bias against the peers (benchmarks/learnable_bias.py), at the
 # shapes LEARNABLE_SHAPES names (comma-separated), with the GPU's busy time a step beside the wall time (--kernels).
 # gpu-tests runs only the tests marked gpu (CI runs the others on every commit), in the files GPU_TESTS names
-# (default: all; more than one call's 600 s on an H100, so split them: GPU_TESTS=tests/test_contract.py, then the rest),
-# and only those GPU_TESTS_K selects, if set (pytest's -k: GPU_TESTS_K="staged or cluster").
+# (default: all, about 300 s on an H100 once built; where a call has less left, split them:
+# GPU_TESTS=tests/test_contract.py, then the rest), and only those GPU_TESTS_K selects, if set (pytest's -k:
+# GPU_TESTS_K="staged or cluster").
 # Logs and results go to $OUT (default gpu-logs); the last line of each stage is printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
