@@ -227,13 +227,13 @@ def kernel_times(fn, device, grad_to_none=(), calls=50):
 
 def kernel_launches(fn, device):
     """The launches one call of fn makes on the GPU, in order: each kernel's name, grid, block and registers a
-    thread, as the profiler's trace records them (how a launcher split the work). None on the CPU."""
+    thread, as the profiler's trace records them (how a launcher split the work); an empty list on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    synchronize(device)
     if device.type != "cuda":
         return []
+    fn()  # first-call work (compiling, caching) kept out of the trace
+    synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
         fn()
         synchronize(device)
