@@ -202,44 +202,44 @@ def kernel_ms(fn, device, grad_to_none=(), calls=50):
     return sum(kernel_times(fn, device, grad_to_none, calls).values())
 
 
+def profiled(call, device, calls):
+    """torch's profiler over `calls` calls of `call` (CUDA activity on the GPU, the ops' on the CPU), after five
+    calls that keep first-call work (compiling, caching) out of its record."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        call()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU]) as profiler:
+        for _ in range(calls):
+            call()
+        synchronize(device)
+    return profiler
+
+
 def kernel_times(fn, device, grad_to_none=(), calls=50):
     """Each kernel's, copy's and memset's time per call of fn, in ms, by name, from the profiler's record (on the
     CPU, each op's own time): which launches a call makes and what each costs. Caches stay warm."""
-    from torch.profiler import ProfilerActivity, profile
 
     def call():
         for tensor in grad_to_none:
             tensor.grad = None
         fn()
 
-    for _ in range(5):
-        call()
-    synchronize(device)
     on_gpu = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as profiler:
-        for _ in range(calls):
-            call()
-        synchronize(device)
     own_us = {event.key: event.self_device_time_total if on_gpu else event.self_cpu_time_total
-              for event in profiler.key_averages()}
+              for event in profiled(call, device, calls).key_averages()}
     return {name: us / calls / 1e3 for name, us in own_us.items() if us > 0}
 
 
 def kernel_launches(fn, device):
     """The launches one call of fn makes on the GPU, in order: each kernel's name, grid, block and registers a
     thread, as the profiler's trace records them (how a launcher split the work); an empty list on the CPU."""
-    from torch.profiler import ProfilerActivity, profile
-
     if device.type != "cuda":
         return []
-    fn()  # first-call work (compiling, caching) kept out of the trace
-    synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-        fn()
-        synchronize(device)
     with tempfile.TemporaryDirectory() as folder:
         trace = pathlib.Path(folder) / "trace.json"
-        profiler.export_chrome_trace(str(trace))
+        profiled(fn, device, calls=1).export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
     kernels = sorted((event for event in events if event.get("cat") == "kernel"), key=lambda event: event["ts"])
     return [{"name": event["name"], "grid": event["args"]["grid"], "block": event["args"]["block"],
