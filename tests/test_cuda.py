@@ -38,10 +38,9 @@ def assert_forward_backward_match(x, mask, scale, is_causal=False, causal_varian
 # A row split over a cluster's blocks, staged through their shared memory on sm_90 (as test_long_rows_staged_in_clusters
 # below; bf16 at 100000 and 131080 over 7 and 5 blocks and fp32 at 100000 over 7, the counts that fill the most of their
 # threads' vector slots), held in their registers where the device holds no such staged cluster: bf16 at 65536 and
-# 100000 in 4 and 8 blocks, at 131080 and 262144 at eight vectors a thread in the count that keeps the most warps
-# resident (where 16 would take four; 131080: the last slice partly filled); fp32 at 65536 in 8 blocks, at 100000 at
-# eight vectors a thread. The backward's rows at eight vectors a thread in as few blocks as hold them: bf16 at 131080
-# in 5, at 262144 in 8, fp32 at 100000 in 7.
+# 100000 in 4 and 8 blocks, at 131080 and 262144 at eight vectors a thread in the count most_resident_wide takes
+# (where 16 would take four; 131080: the last slice partly filled); fp32 at 65536 in 8 blocks, at 100000 at eight
+# vectors a thread. The backward's rows at eight vectors a thread likewise.
 # Otherwise two passes over slices (element-wise loads, and rows beyond the registers of 16 blocks).
 @pytest.mark.parametrize("cols", [65536, 100000, 131080, 262144, 262147, 524288])
 def test_very_long_rows(dtype, cols):
@@ -65,9 +64,9 @@ def mask_of_form(mask_form, x, key_shape=None, bias_shape=None):
 # Rows that start mid-vector (odd column counts), too long for a block's registers: split over a cluster's blocks in
 # vectors from the boundary before each row, the first slice masking the previous row's end and the last the next
 # row's start. The backward: fp32 at 9001 and 40,001 columns in 2 and 8 blocks, 16-bit at 20,001 and 65,539 in 2 and
-# 8; fp32 at 65,539 and bf16 at 131,077 in 5 at eight vectors a thread, bf16 at 200,003 in 7; the forward likewise
-# but fp32 at 9001, which a block holds, and the rows at eight vectors a thread in the count that keeps the most warps
-# resident (5-8). Masks whose rows start elsewhere in their vectors than x's (a key mask), as far in (a full mask), or
+# 8; fp32 at 65,539 and 16-bit at 131,077 and 200,003 at eight vectors a thread in the count most_resident_wide
+# takes (5-16: bf16 at 131,077 in 9, at 200,003 in 13 on an H100); the forward likewise but fp32 at 9001, which a
+# block holds. Masks whose rows start elsewhere in their vectors than x's (a key mask), as far in (a full mask), or
 # as far in or half a vector further (a bias over 4 rows of the 16-bit lengths: 4 x cols is half a vector past a whole
 # number of them).
 @pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.float32, 40001), (torch.bfloat16, 20001),

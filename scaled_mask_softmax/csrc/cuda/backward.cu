@@ -145,6 +145,18 @@ void launch_backward_in_registers(const BackwardParams& p, const RowPlan& plan, 
   });
 }
 
+// Launches backward_in_cluster (kShifted: as its own) on the rows `shape` splits, where it is wide in the count of
+// blocks that most_resident_wide takes; false where `shape` does not split the row or the device holds no such
+// cluster.
+template <typename scalar_t, int VEC, bool kShifted = false>
+bool launch_gradient_in_cluster(const BackwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
+  constexpr auto kWide = backward_in_cluster<scalar_t, VEC, kWideClusterIters, kShifted>;
+  return launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters, kShifted>, kWide, p,
+                           most_resident_wide(kWide, shape, columns_spanned<kShifted>(p.cols, VEC), VEC,
+                                              backward_max_threads<scalar_t, VEC, kTargetIters>),
+                           stream);
+}
+
 template <typename scalar_t, int VEC, bool kCausal>
 void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
   const auto launch_narrowed = [&](const BackwardParams& narrowed) {
@@ -164,8 +176,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     }
     const ClusterShape cluster =
         cluster_shape(p, VEC, backward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kFewest);
-    if (!launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters>,
-                           backward_in_cluster<scalar_t, VEC, kWideClusterIters>, p, cluster, stream)) {
+    if (!launch_gradient_in_cluster<scalar_t, VEC>(p, cluster, stream)) {
       launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
     return;
@@ -233,9 +244,7 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
                         stream);
         return true;
       } else {
-        return launch_clusters(cluster.wide ? backward_in_cluster<scalar_t, VEC, kWideClusterIters, /*kShifted=*/true>
-                                            : backward_in_cluster<scalar_t, VEC, kTargetIters, /*kShifted=*/true>,
-                               shifted.params, cluster.blocks_per_row, cluster.threads, stream);
+        return launch_gradient_in_cluster<scalar_t, VEC, /*kShifted=*/true>(shifted.params, cluster, stream);
       }
     });
   }

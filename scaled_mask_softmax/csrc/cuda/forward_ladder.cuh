@@ -178,8 +178,8 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
 }
 
 // Launches forward_in_cluster (kShifted, kMask: as its own) on the rows `shape` splits, where it is wide in the count
-// of blocks that keeps the most warps resident (most_resident_wide); false where `shape` does not split the row or
-// the device holds no such cluster.
+// of blocks that most_resident_wide takes; false where `shape` does not split the row or the device holds no such
+// cluster.
 template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
           MaskPlacement kMask = MaskPlacement::kAlike>
 bool launch_forward_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {

@@ -409,26 +409,28 @@ ClusterShape cluster_shape(const Params& p, int vec, int max_threads, WideSplit 
 }
 
 // `shape`, but where it is wide, in the count of blocks from the fewest that hold a row of `cols` at
-// kWideClusterIters (`max_threads` a block) to kMaxClusterBlocks / 2 whose clusters of `kernel` keep the most warps
-// resident on the device (the fewest such). A block of the wide kernels takes 80-128 registers a thread, so whether
-// a multiprocessor holds one block or two turns on its threads, and a multiprocessor of one block of few warps has
-// nothing to overlap a row's reductions with. Over 8 blocks of 288 threads the forward with an additive mask took
-// 0.99 of the floor in fp32 at 65,539 columns (91 registers, two blocks a multiprocessor) and 1.50 in bf16 at 131,077
-// (127, one); in bf16 over 5 blocks of 416 threads 1.24, with key padding 2.34 -> 1.90; fp32 with key padding at
-// 65,539 1.25 -> 1.10 (an H100; benchmarks/NOTES.md, v150).
+// kWideClusterIters (`max_threads` a block) to kMaxClusterBlocks whose clusters of `kernel` keep the most rows
+// resident on the device, counted twice where a multiprocessor holds two blocks or more (the fewest such). A block of
+// the wide kernels takes 80-128 registers a thread, so whether a multiprocessor holds one block, two or three turns
+// on its threads. A multiprocessor of one block has nothing to overlap a row's exchanges with; past two, the rows at
+// once decide (warps resident would count the near-empty last warp of a small slice). bf16 at 131,077 columns, the
+// forward with an additive mask: 5 blocks of 13 warps (one a multiprocessor, 23 clusters at once) and 16 of 5 (three,
+// 21) took 1.24 of the floor, 9 of 8 (two, 23) 1.15; with key padding 1.88 -> 1.74; the backward 1.14 -> 1.07 (an
+// H100; benchmarks/NOTES.md, v150, v154 and v155).
 template <typename Params>
 ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape& shape, int64_t cols, int vec,
                                 int max_threads) {
   if (!shape.wide) return shape;
   const int64_t vectors = ceil_div(cols, vec);
   ClusterShape most = shape;
-  int64_t most_warps = 0;
-  for (int blocks = fewest_wide_blocks(vectors, max_threads); blocks <= kMaxClusterBlocks / 2; ++blocks) {
+  int64_t most_rank = 0;
+  for (int blocks = fewest_wide_blocks(vectors, max_threads); blocks <= kMaxClusterBlocks; ++blocks) {
     const int threads = threads_holding(ceil_div(vectors, blocks), kWideClusterIters);
-    const int64_t warps = int64_t{resident_clusters(kernel, blocks, threads, 0)} * blocks * (threads / kWarp);
-    if (warps > most_warps) {
+    const int clusters = resident_clusters(kernel, blocks, threads, 0);
+    const int64_t rank = int64_t{clusters} * std::min(2, resident_sm90_blocks(kernel, threads, 0));
+    if (rank > most_rank) {
       most = {blocks, threads, true};
-      most_warps = warps;
+      most_rank = rank;
     }
   }
   return most;
