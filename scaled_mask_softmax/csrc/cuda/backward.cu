@@ -174,8 +174,7 @@ void backward_ladder(const BackwardParams& p, cudaStream_t stream) {
     if (narrowed_to_visible(p, dx, kLongRowNarrowedParts, stream, launch_narrowed)) {
       return;
     }
-    const ClusterShape cluster =
-        cluster_shape(p, VEC, backward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kFewest);
+    const ClusterShape cluster = cluster_shape(p, VEC, backward_max_threads<scalar_t, VEC, kTargetIters>);
     if (!launch_gradient_in_cluster<scalar_t, VEC>(p, cluster, stream)) {
       launch_two_pass(backward_two_pass<scalar_t, VEC, kCausal>, p, VEC, stream);
     }
@@ -231,8 +230,7 @@ bool launch_backward_shifted(const BackwardParams& p, cudaStream_t stream) {
       const ClusterShape cluster =
           plan.in_registers || causal()
               ? ClusterShape{0, 0, false}
-              : split_over_cluster(shifted_span(p.cols, VEC), VEC, backward_max_threads<scalar_t, VEC, kTargetIters>,
-                                   WideSplit::kFewest);
+              : split_over_cluster(shifted_span(p.cols, VEC), VEC, backward_max_threads<scalar_t, VEC, kTargetIters>);
       if (!plan.in_registers && !causal() && cluster.blocks_per_row == 0) return false;
       const ShiftedGradient shifted = shifted_gradient<scalar_t, VEC>(p, stream);
       if (plan.in_registers) {
@@ -341,7 +339,7 @@ bool launch_backward_with_bias_grad_in_cluster(const at::Tensor& y, int64_t bias
     return false;
   } else {
     const ClusterShape shape =
-        split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kFewest);
+        split_over_cluster(p.cols, VEC, bias_grad_max_threads<scalar_t, VEC, kTargetIters>);
     if (shape.blocks_per_row == 0 || shape.wide) return false;
     const auto kernel = backward_with_bias_grad_in_cluster<scalar_t, VEC, kCausal>;
     const int64_t resident_clusters = int64_t{resident_blocks(kernel, shape.threads)} *

@@ -274,8 +274,7 @@ void forward_ladder(const ForwardParams& p, cudaStream_t stream) {
     return;
   }
   if (plan.in_registers && launch_in_registers<scalar_t, mask_t, VEC>(p, plan, /*unstaged_too=*/false, stream)) return;
-  const ClusterShape cluster =
-      cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>, WideSplit::kHalf);
+  const ClusterShape cluster = cluster_shape(p, VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
   if (launch_forward_staged_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
   if constexpr (kClusterForwardsMask<mask_t>) {
     if (launch_forward_in_cluster<scalar_t, mask_t, VEC>(p, cluster, stream)) return;
@@ -311,8 +310,7 @@ bool launch_shifted(const ForwardParams& p, cudaStream_t stream) {
     const ClusterShape cluster =
         plan.in_registers || p.is_causal
             ? ClusterShape{0, 0, false}
-            : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>,
-                                 WideSplit::kHalf);
+            : split_over_cluster(shifted_span(p.cols, VEC), VEC, forward_max_threads<scalar_t, VEC, kTargetIters>);
     if (!plan.in_registers && !long_causal && cluster.blocks_per_row == 0) return false;
     ForwardParams shifted = p;
     const at::Tensor x_tail = copy_tail<scalar_t, VEC>(p.x, p.x_end, p.cols, shifted.x_tail, stream);

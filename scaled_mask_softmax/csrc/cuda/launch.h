@@ -355,17 +355,10 @@ bool launch_clusters(void (*kernel)(Params, int), const Params& p, int blocks_pe
 }
 
 // Vectors a thread of the cluster register kernels holds where a row would take kMaxClusterBlocks blocks at
-// kTargetIters: twice as many, in fewer blocks (WideSplit). A GPC holds whole clusters, so clusters of 16 leave 15% of
+// kTargetIters: twice as many, in fewer blocks. A GPC holds whole clusters, so clusters of 16 leave 15% of
 // an H200's block slots idle (14 clusters of 16 at two blocks a multiprocessor, against 30 of 8 or 62 of 4;
 // benchmarks/NOTES.md, v20); blocks of twice the registers take one slot a multiprocessor each instead of two.
 constexpr int kWideClusterIters = 2 * kTargetIters;
-
-// How many blocks take a row at kWideClusterIters: half of kMaxClusterBlocks, or as few as hold it (5-8, any count).
-// A row one vector past 8 blocks' kTargetIters took 8 wide blocks of 288 threads, one a multiprocessor: the fewest
-// gain in the backward on both cards (fp32 at 65,539 columns 1.474 -> 1.224 of the floor on an H200, 1.145 -> 1.005
-// on an H100), but cost the forward's register kernels in some cells (fp32 with key padding at 65,539 columns 1.26 ->
-// 1.53 on an H100), so the forward keeps half (benchmarks/NOTES.md, v145 and v147).
-enum class WideSplit { kHalf, kFewest };
 
 // How the cluster register kernels split a row: `blocks_per_row` blocks of `threads` threads, `wide`: at
 // kWideClusterIters vectors a thread rather than kTargetIters. blocks_per_row is 0 where they do not: rows with a
@@ -383,19 +376,16 @@ inline int fewest_wide_blocks(int64_t vectors, int max_threads) {
 }
 
 // As few blocks as hold a row of `cols` at kTargetIters vectors a thread and at most `max_threads` threads a block,
-// a power of two up to kMaxClusterBlocks; where a row would take kMaxClusterBlocks, as `wide_split` says at
-// kWideClusterIters.
-inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads, WideSplit wide_split) {
+// a power of two up to kMaxClusterBlocks; where a row would take kMaxClusterBlocks, half as many at
+// kWideClusterIters: the count the staged forward starts from, which the register kernels' launchers replace by
+// most_resident_wide's.
+inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads) {
   const int64_t vectors = ceil_div(cols, vec);
   int blocks_per_row = next_power_of_two(ceil_div(vectors, int64_t{kTargetIters} * max_threads));
   // One block's rows are the register kernels'.
   if (blocks_per_row < 2 || blocks_per_row > kMaxClusterBlocks) return {0, 0, false};
   const bool wide = blocks_per_row == kMaxClusterBlocks;
-  if (wide) {
-    blocks_per_row = wide_split == WideSplit::kHalf
-                         ? blocks_per_row / 2
-                         : fewest_wide_blocks(vectors, max_threads);
-  }
+  if (wide) blocks_per_row /= 2;
   // RowSlice's slices: as many whole vectors to each block but the last.
   const int64_t slice_vectors = ceil_div(vectors, blocks_per_row);
   const int iters = wide ? kWideClusterIters : kTargetIters;
@@ -404,8 +394,8 @@ inline ClusterShape split_over_cluster(int64_t cols, int vec, int max_threads, W
 
 // split_over_cluster's shape of p's rows, but none for rows with a causal limit.
 template <typename Params>
-ClusterShape cluster_shape(const Params& p, int vec, int max_threads, WideSplit wide_split) {
-  return p.is_causal ? ClusterShape{0, 0, false} : split_over_cluster(p.cols, vec, max_threads, wide_split);
+ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
+  return p.is_causal ? ClusterShape{0, 0, false} : split_over_cluster(p.cols, vec, max_threads);
 }
 
 // `shape`, but where it is wide, in the count of blocks from the fewest that hold a row of `cols` at
