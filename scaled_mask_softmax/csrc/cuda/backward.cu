@@ -145,16 +145,13 @@ void launch_backward_in_registers(const BackwardParams& p, const RowPlan& plan, 
   });
 }
 
-// Launches backward_in_cluster (kShifted: as its own) on the rows `shape` splits, where it is wide in the count of
-// blocks that most_resident_wide takes; false where `shape` does not split the row or the device holds no such
-// cluster.
+// Launches backward_in_cluster (kShifted: as its own) on the rows `shape` splits (launch_in_cluster).
 template <typename scalar_t, int VEC, bool kShifted = false>
 bool launch_gradient_in_cluster(const BackwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
-  constexpr auto kWide = backward_in_cluster<scalar_t, VEC, kWideClusterIters, kShifted>;
-  return launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters, kShifted>, kWide, p,
-                           most_resident_wide(kWide, shape, columns_spanned<kShifted>(p.cols, VEC), VEC,
-                                              backward_max_threads<scalar_t, VEC, kTargetIters>),
-                           stream);
+  return launch_in_cluster(backward_in_cluster<scalar_t, VEC, kTargetIters, kShifted>,
+                           backward_in_cluster<scalar_t, VEC, kWideClusterIters, kShifted>, p, shape,
+                           columns_spanned<kShifted>(p.cols, VEC), VEC,
+                           backward_max_threads<scalar_t, VEC, kTargetIters>, stream);
 }
 
 template <typename scalar_t, int VEC, bool kCausal>

@@ -177,17 +177,14 @@ bool launch_forward_staged_in_cluster(const ForwardParams& p, const ClusterShape
   }
 }
 
-// Launches forward_in_cluster (kShifted, kMask: as its own) on the rows `shape` splits, where it is wide in the count
-// of blocks that most_resident_wide takes; false where `shape` does not split the row or the device holds no such
-// cluster.
+// Launches forward_in_cluster (kShifted, kMask: as its own) on the rows `shape` splits (launch_in_cluster).
 template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
           MaskPlacement kMask = MaskPlacement::kAlike>
 bool launch_forward_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
-  constexpr auto kWide = forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>;
-  return launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, kShifted, kMask>, kWide, p,
-                           most_resident_wide(kWide, shape, columns_spanned<kShifted>(p.cols, VEC), VEC,
-                                              forward_max_threads<scalar_t, VEC, kTargetIters>),
-                           stream);
+  return launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, kShifted, kMask>,
+                           forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>, p, shape,
+                           columns_spanned<kShifted>(p.cols, VEC), VEC,
+                           forward_max_threads<scalar_t, VEC, kTargetIters>, stream);
 }
 
 // Launches the rows that blocks, one warp or groups of lanes hold whole in registers (`plan`): by forward_staged

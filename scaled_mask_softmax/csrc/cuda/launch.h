@@ -398,7 +398,7 @@ ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
   return p.is_causal ? ClusterShape{0, 0, false} : split_over_cluster(p.cols, vec, max_threads);
 }
 
-// `shape`, but where it is wide, in the count of blocks from the fewest that hold a row of `cols` at
+// The wide `shape` in the count of blocks from the fewest that hold a row of `cols` at
 // kWideClusterIters (`max_threads` a block) to kMaxClusterBlocks whose clusters of `kernel` keep the most rows
 // resident on the device, counted twice where a multiprocessor holds two blocks or more (the fewest such). A block of
 // the wide kernels takes 80-128 registers a thread, so whether a multiprocessor holds one block, two or three turns
@@ -410,7 +410,6 @@ ClusterShape cluster_shape(const Params& p, int vec, int max_threads) {
 template <typename Params>
 ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape& shape, int64_t cols, int vec,
                                 int max_threads) {
-  if (!shape.wide) return shape;
   const int64_t vectors = ceil_div(cols, vec);
   ClusterShape most = shape;
   int64_t most_rank = 0;
@@ -427,13 +426,16 @@ ClusterShape most_resident_wide(void (*kernel)(Params, int), const ClusterShape&
 }
 
 // Launches kernel(p, blocks_per_row), a kernel that holds a row split over the blocks of a cluster in registers, as
-// `shape` splits it (wide_kernel where it is wide); false where `shape` does not split the row or the device holds
-// no such cluster.
+// `shape` splits it; where it is wide, wide_kernel in the count of blocks that most_resident_wide takes (rows of
+// `cols` from the vector boundary before each, `max_threads` a block). False where `shape` does not split the row or
+// the device holds no such cluster.
 template <typename Params>
 bool launch_in_cluster(void (*kernel)(Params, int), void (*wide_kernel)(Params, int), const Params& p,
-                       const ClusterShape& shape, cudaStream_t stream) {
-  return shape.blocks_per_row > 0 &&
-         launch_clusters(shape.wide ? wide_kernel : kernel, p, shape.blocks_per_row, shape.threads, stream);
+                       const ClusterShape& shape, int64_t cols, int vec, int max_threads, cudaStream_t stream) {
+  if (shape.blocks_per_row == 0) return false;
+  if (!shape.wide) return launch_clusters(kernel, p, shape.blocks_per_row, shape.threads, stream);
+  const ClusterShape wide = most_resident_wide(wide_kernel, shape, cols, vec, max_threads);
+  return launch_clusters(wide_kernel, p, wide.blocks_per_row, wide.threads, stream);
 }
 
 // Launches kernel(p, blocks_per_row), a two-pass kernel. A row without a causal limit is split over the blocks of
