@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several builds compared on one GPU machine:
 #   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar; a .patch
-#                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar
+#                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar,
+#                                           as are several joined by + (a.patch+b.patch), in turn, to <a>+<b>.tar
 #   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
 #                                           the float64 reference (check --quick)
 #   scripts/variants.sh ensure              there: builds (as build) only those with no built library in /tmp/variants
@@ -90,6 +91,20 @@ pack_logs() {
   (cd "$OUT" && tar -czf "logs-$action.tgz" ./*.log && rm -f ./*.log)
 }
 
+# HEAD with each patch applied in turn, to .variants/<their names joined by +>.tar.
+pack_patched() {
+  local tree name="" patch code=0
+  tree="$(mktemp -d)"
+  git worktree add -q --detach "$tree" HEAD || return 1
+  for patch in "$@"; do
+    name="${name:+$name+}$(basename "$patch" .patch)"
+    git -C "$tree" am -q "$(realpath "$patch")" || { code=1; break; }
+  done
+  [ "$code" -ne 0 ] || git -C "$tree" archive --format=tar -o "$PWD/.variants/$name.tar" HEAD || code=1
+  git worktree remove --force "$tree"
+  return "$code"
+}
+
 if [ "$action" != pack ]; then
   mkdir -p "${OUT:-gpu-logs}"
   OUT="$(cd "${OUT:-gpu-logs}" && pwd)"
@@ -99,12 +114,8 @@ case "$action" in
     rm -rf .variants && mkdir -p .variants
     for ref in "$@"; do
       if [[ "$ref" == *.patch ]]; then
-        tree="$(mktemp -d)"
-        git worktree add -q --detach "$tree" HEAD && git -C "$tree" am -q "$(realpath "$ref")" &&
-          git -C "$tree" archive --format=tar -o "$PWD/.variants/$(basename "$ref" .patch).tar" HEAD
-        code=$?
-        git worktree remove --force "$tree"
-        [ "$code" -eq 0 ] || exit 1
+        IFS=+ read -r -a patches <<<"$ref"
+        pack_patched "${patches[@]}" || exit 1
       else
         git archive --format=tar -o ".variants/${ref//\//-}.tar" "$ref" || exit 1
       fi
