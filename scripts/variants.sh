@@ -3,8 +3,11 @@
 #   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar; a .patch
 #                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar,
 #                                           as are several joined by + (a.patch+b.patch), in turn, to <a>+<b>.tar
-#   scripts/variants.sh build               there: builds them side by side in /tmp/variants, checks each against
-#                                           the float64 reference (check --quick)
+#   scripts/variants.sh prebuild            here: compiles each packed build's libraries against the GPU machine's
+#                                           torch (PREBUILD_PYTHON, below), to .variants/<name>.libs.tar.xz
+#   scripts/variants.sh build               there: builds them side by side in /tmp/variants (or takes their
+#                                           prebuilt libraries), checks each against the float64 reference
+#                                           (check --quick)
 #   scripts/variants.sh ensure              there: builds (as build) only those with no built library in /tmp/variants
 #   scripts/variants.sh sweep [sweep args]  there: sweeps the builds in turns, ROUNDS times (default 2), each also
 #                                           under the settings in CONFIGS (below)
@@ -16,6 +19,9 @@
 # The builds are in place, not installed: a script of benchmarks/ run by hand in a build's tree needs
 # PYTHONPATH=/tmp/variants/<name> (Python puts the script's folder first, not the working directory).
 # sweep.jsonl, the table (benchmarks/sweep.py --table) and logs-<action>.tgz go to $OUT.
+# PREBUILD_PYTHON: a Python here whose torch is the GPU machine's (2.11.0+cu130 there:
+# python3 -m venv /tmp/device-torch && /tmp/device-torch/bin/pip install torch==2.11.0), so that the machine's
+# time goes to measuring, not to building (about 400 s for two builds). prebuild's TORCH_CUDA_ARCH_LIST: default 9.0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 action="${1:-}"
@@ -31,6 +37,7 @@ build() {
     rm -rf "$tree" && mkdir -p "$tree" && tar -xf ".variants/$name.tar" -C "$tree"
     # Every build timed by this checkout's harness: sweep.py calls into the bench module of the build it imports.
     cp scaled_mask_softmax/bench.py "$tree/scaled_mask_softmax/bench.py"
+    if use_prebuilt "$name"; then echo "build $name: prebuilt"; continue; fi
     (cd "$tree" && MAX_JOBS=$jobs python3 setup.py build_ext --inplace >"$OUT/build-$name.log" 2>&1
      echo "build $name: exit $?") &
   done
@@ -39,6 +46,35 @@ build() {
     (cd "/tmp/variants/$name" && python3 -m scaled_mask_softmax check --device cuda --quick) \
       >"$OUT/check-$name.log" 2>&1
     echo "check $name: exit $? | $(tail -n 1 "$OUT/check-$name.log")"
+  done
+}
+
+# The libraries prebuild compiled for $1, where they were built against this machine's torch.
+use_prebuilt() {
+  local tree="/tmp/variants/$1" libs=".variants/$1.libs.tar.xz"
+  [ -e "$libs" ] && tar -xJf "$libs" -C "$tree" || return 1
+  python3 -c 'import json, sys, torch; sys.exit(json.load(open(sys.argv[1]))["torch_version"] != torch.__version__)' \
+    "$tree/scaled_mask_softmax/_build_info.json" && return 0
+  echo "$1: prebuilt against another torch than $(python3 -c 'import torch; print(torch.__version__)'); building"
+  rm -f "$tree"/scaled_mask_softmax/_C*.so "$tree/scaled_mask_softmax/_build_info.json"
+  return 1
+}
+
+# Here: each build's libraries, named for no one Python (their modules call only the stable PyModule_Create2, so
+# what Python 3.11 built here loads in the machine's 3.12), with the record of what they were built against.
+prebuild() {
+  local python="${PREBUILD_PYTHON:?a Python with the torch of the GPU machine}" tree
+  for name in "${names[@]}"; do
+    tree="$(mktemp -d)" && tar -xf ".variants/$name.tar" -C "$tree"
+    (cd "$tree" && CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
+       "$python" setup.py build_ext --inplace) >".variants/$name.prebuild.log" 2>&1 &&
+      (cd "$tree/scaled_mask_softmax" && for lib in _C*.so; do mv "$lib" "${lib%%.*}.so"; done) &&
+      tar -cJf ".variants/$name.libs.tar.xz" -C "$tree" scaled_mask_softmax/_C.so scaled_mask_softmax/_C_cuda.so \
+        scaled_mask_softmax/_build_info.json
+    local code=$?
+    rm -rf "$tree"
+    echo "prebuild $name: exit $code"
+    [ "$code" -eq 0 ] || return 1
   done
 }
 
@@ -105,7 +141,7 @@ pack_patched() {
   return "$code"
 }
 
-if [ "$action" != pack ]; then
+if [ "$action" != pack ] && [ "$action" != prebuild ]; then
   mkdir -p "${OUT:-gpu-logs}"
   OUT="$(cd "${OUT:-gpu-logs}" && pwd)"
 fi
@@ -120,6 +156,7 @@ case "$action" in
         git archive --format=tar -o ".variants/${ref//\//-}.tar" "$ref" || exit 1
       fi
     done ;;
+  prebuild) prebuild ;;
   build) build; pack_logs ;;
   ensure) mapfile -t names < <(unbuilt); [ ${#names[@]} -eq 0 ] || { build; pack_logs; } ;;
   sweep) sweep "$@"; pack_logs ;;
@@ -127,7 +164,7 @@ case "$action" in
   test) run_tests "$@"; pack_logs ;;
   memcheck) run_memcheck; pack_logs ;;
   *)
-    echo "usage: scripts/variants.sh pack REF... | build | ensure | sweep [sweep.py arguments]" \
+    echo "usage: scripts/variants.sh pack REF... | prebuild | build | ensure | sweep [sweep.py arguments]" \
          "| run [sweep.py arguments] | test [pytest arguments] | memcheck" >&2
     exit 2 ;;
 esac
