@@ -64,19 +64,27 @@ def mask_of_form(mask_form, x, key_shape=None, bias_shape=None):
 # Rows that start mid-vector (odd column counts), too long for a block's registers: split over a cluster's blocks in
 # vectors from the boundary before each row, the first slice masking the previous row's end and the last the next
 # row's start. The backward: fp32 at 9001 and 40,001 columns in 2 and 8 blocks, 16-bit at 20,001 and 65,539 in 2 and
-# 8; fp32 at 65,539 and 16-bit at 131,077 and 200,003 at eight vectors a thread in the count most_resident_wide
-# takes (5-16: bf16 at 131,077 in 9, at 200,003 in 13 on an H100); the forward likewise but fp32 at 9001, which a
-# block holds. Masks whose rows start elsewhere in their vectors than x's (a key mask), as far in (a full mask), or
-# as far in or half a vector further (a bias over 4 rows of the 16-bit lengths: 4 x cols is half a vector past a whole
-# number of them).
+# 8; fp32 at 65,539 and 16-bit at 131,077 (bf16 and fp16) and 200,003 at eight vectors a thread in the count (5-16)
+# most_resident_wide takes; the forward likewise but fp32 at 9001, which a block holds (its bf16 rows with a full
+# mask or a bias in forward_in_cluster_wide's 96 registers a thread). Masks whose rows start elsewhere in their
+# vectors than x's (a key mask), as far in (a full mask), or as far in or half a vector further (a bias over 4 rows of
+# the 16-bit lengths: 4 x cols is half a vector past a whole number of them).
 @pytest.mark.parametrize("dtype, cols", [(torch.float32, 9001), (torch.float32, 40001), (torch.bfloat16, 20001),
                                          (torch.float16, 65539), (torch.float32, 65539), (torch.bfloat16, 131077),
-                                         (torch.bfloat16, 200003)])
+                                         (torch.float16, 131077), (torch.bfloat16, 200003)])
 @pytest.mark.parametrize("mask_form", ["none", "key_padding", "full", "bias"])
 def test_long_rows_that_start_mid_vector(dtype, cols, mask_form):
     x = random_scores((2, 4, cols), dtype, "cuda").requires_grad_()
     mask = mask_of_form(mask_form, x, key_shape=(cols,), bias_shape=(4, cols))
     assert_forward_backward_match(x, mask, 0.3)
+
+
+# The same rows of 131,077 columns with a key mask, enough of them (32) that the mask is written out over 8 rows
+# (repeat_mask_alike), each starting as far into its vectors as x's: forward_in_cluster_wide's bool kernel.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_long_rows_that_start_mid_vector_with_a_key_mask_written_out(dtype):
+    x = random_scores((32, 131077), dtype, "cuda").requires_grad_()
+    assert_forward_backward_match(x, mask_of_form("key_padding", x, key_shape=(131077,)), 0.3)
 
 
 # Rows that start mid-vector without a mask, split over a cluster's blocks and staged through shared memory (bulk copies

@@ -434,17 +434,12 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, ITERS>,
 
 // Rows too long for one block's registers but not for a cluster's (sm_90), without a causal limit: a row is split
 // into one slice for each of the `blocks_per_row` blocks of a cluster, each holding its slice in registers at ITERS
-// vectors a thread (kTargetIters, or kWideClusterIters in one block a multiprocessor) as forward_in_registers does
-// a whole row, the slices' max and sum combined through distributed shared memory (for fp32 scores in one
-// exchange, packed). A row is read once, where the two-pass kernels read it twice. kShifted, kMask: as
-// forward_in_registers'; such rows are split over the most columns one spans from the vector boundary before it
-// (shifted_span).
-template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted = false,
-          MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
-__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
-                                  ITERS == kTargetIters ? forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, kMask>
-                                                        : 1)
-    forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
+// vectors a thread as forward_in_registers does a whole row, the slices' max and sum combined through distributed
+// shared memory (for fp32 scores in one exchange, packed). A row is read once, where the two-pass kernels read it
+// twice. kShifted, kMask: as forward_in_registers'; such rows are split over the most columns one spans from the
+// vector boundary before it (shifted_span).
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted, MaskPlacement kMask>
+__device__ __forceinline__ void softmax_over_cluster(const ForwardParams& p, int blocks_per_row) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kOneReduction = std::is_same_v<acc_t, float>;
   const RowCover cover(blockDim.x);
@@ -464,6 +459,45 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
                          kOneReduction>(
         loader, cover, reduce, static_cast<scalar_t*>(p.y) + row * p.cols - first + begin, store_end);
   });
+}
+
+// softmax_over_cluster at kTargetIters vectors a thread, or at kWideClusterIters in one block a multiprocessor.
+template <typename scalar_t, typename mask_t, int VEC, int ITERS, bool kShifted = false,
+          MaskPlacement kMask = kShifted ? MaskPlacement::kApart : MaskPlacement::kAlike>
+__global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIters>,
+                                  ITERS == kTargetIters ? forward_min_blocks<scalar_t, mask_t, VEC, kTargetIters, kMask>
+                                                        : 1)
+    forward_in_cluster(const ForwardParams p, const int blocks_per_row) {
+  softmax_over_cluster<scalar_t, mask_t, VEC, ITERS, kShifted, kMask>(p, blocks_per_row);
+}
+
+// Warps that forward_in_cluster_wide's threads fit a multiprocessor's registers: 20 (96 registers a thread; five to
+// each quarter of the multiprocessor, whose registers are four banks of 16,384), where the 114-128 that
+// forward_in_cluster's 16-bit threads at kWideClusterIters take fit 16 (v151: at 112, still 16).
+constexpr int kWideClusterWarps = 20;
+
+// softmax_over_cluster at kWideClusterIters vectors a thread, held to kWideClusterWarps a multiprocessor (bounded by
+// one block of them, so that blocks of up to forward_max_threads at kTargetIters still launch).
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted, MaskPlacement kMask>
+__global__ void __launch_bounds__(kWideClusterWarps * kWarp, 1)
+    forward_in_cluster_wide(const ForwardParams p, const int blocks_per_row) {
+  softmax_over_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>(p, blocks_per_row);
+}
+
+// The kernel of rows at kWideClusterIters: forward_in_cluster_wide for 16-bit rows with a bool mask whose rows start
+// as x's and bf16 rows with a bf16 mask, which fit its registers with nothing spilled; forward_in_cluster for the
+// rest (ptxas, sm_90, at 96 registers: 16-bit rows without a mask, with an fp32 one or with a bool one joined from
+// two vectors spilled 52-164 bytes, fp16 rows with an fp16 mask that start mid-vector 28; fp32 threads take 80-106
+// under forward_in_cluster's bounds).
+template <typename scalar_t, typename mask_t, int VEC, bool kShifted, MaskPlacement kMask>
+constexpr auto wide_cluster_kernel() {
+  constexpr bool kBoolAlike = std::is_same_v<mask_t, bool> && kMask != MaskPlacement::kApart;
+  constexpr bool kBFloat16Pair = std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<mask_t, scalar_t>;
+  if constexpr (sizeof(scalar_t) == 2 && (kBoolAlike || kBFloat16Pair)) {
+    return forward_in_cluster_wide<scalar_t, mask_t, VEC, kShifted, kMask>;
+  } else {
+    return forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>;
+  }
 }
 
 // Rows split over the blocks of a cluster in registers, as forward_in_cluster at kWideClusterIters vectors a thread,

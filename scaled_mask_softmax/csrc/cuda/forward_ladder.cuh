@@ -182,7 +182,7 @@ template <typename scalar_t, typename mask_t, int VEC, bool kShifted = false,
           MaskPlacement kMask = MaskPlacement::kAlike>
 bool launch_forward_in_cluster(const ForwardParams& p, const ClusterShape& shape, cudaStream_t stream) {
   return launch_in_cluster(forward_in_cluster<scalar_t, mask_t, VEC, kTargetIters, kShifted, kMask>,
-                           forward_in_cluster<scalar_t, mask_t, VEC, kWideClusterIters, kShifted, kMask>, p, shape,
+                           wide_cluster_kernel<scalar_t, mask_t, VEC, kShifted, kMask>(), p, shape,
                            columns_spanned<kShifted>(p.cols, VEC), VEC,
                            forward_max_threads<scalar_t, VEC, kTargetIters>, stream);
 }
