@@ -473,7 +473,8 @@ __global__ void __launch_bounds__(forward_max_threads<scalar_t, VEC, kTargetIter
 
 // Warps that forward_in_cluster_wide's threads fit a multiprocessor's registers: 20 (96 registers a thread; five to
 // each quarter of the multiprocessor, whose registers are four banks of 16,384), where the 114-128 that
-// forward_in_cluster's 16-bit threads at kWideClusterIters take fit 16 (v151: at 112, still 16).
+// forward_in_cluster's 16-bit threads at kWideClusterIters take fit 16 (v151: at 112, still 16). bf16 rows of
+// 131,077-200,003 columns with a mask ran 5-19% faster so (benchmarks/NOTES.md, v157; key padding the most).
 constexpr int kWideClusterWarps = 20;
 
 // softmax_over_cluster at kWideClusterIters vectors a thread, held to kWideClusterWarps a multiprocessor (bounded by
