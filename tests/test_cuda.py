@@ -783,6 +783,53 @@ def test_bitwise_deterministic(cols):
     assert torch.equal(on_stream, first) and torch.equal(on_stream_dx, first_dx)
 
 
+
+CLUSTER_BLOCKS_SCRIPT = """
+import json, sys, torch
+import scaled_mask_softmax as sms
+from torch.profiler import profile, ProfilerActivity
+cases = torch.load(sys.argv[1])
+results = []
+for x, mask, dy in cases:
+    x = x.cuda().requires_grad_()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y = sms.scaled_mask_softmax(x, None if mask is None else mask.cuda(), 0.3)
+        y.backward(dy.cuda())
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(sys.argv[2])
+    grids = {event["name"]: event["args"]["grid"][0] for event in json.load(open(sys.argv[2]))["traceEvents"]
+             if event.get("cat") == "kernel" and "_in_cluster" in event["name"]}
+    results.append((y.detach().cpu(), x.grad.cpu(), grids))
+torch.save(results, sys.argv[1])
+"""
+
+
+# Rows split over clusters in the count the device holds most rows at once of (most_resident_wide), 9-16 blocks on an
+# H100 or H200, run in a process told SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS=1: every cluster kernel then takes at most
+# 8 blocks a row, as on a device without larger clusters, and the rows still match the float64 reference.
+@pytest.mark.parametrize("portable", [False, True])
+def test_clusters_held_to_the_portable_size(portable, tmp_path):
+    rows = 2  # fewer than the clusters the device holds at once: a launch's grid is then its rows' blocks
+    cases = []
+    for cols, mask_form in ((262144, "full"), (131077, "key_padding")):
+        x = random_scores((rows, cols), torch.bfloat16, "cpu")
+        mask = mask_of_form(mask_form, x, key_shape=(cols,))
+        cases.append((x, mask, random_scores(x.shape, x.dtype, "cpu", generator_seed=1)))
+    torch.save(cases, tmp_path / "cases.pt")
+    settings = {"SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS": "1"} if portable else {}
+    subprocess.run([sys.executable, "-c", CLUSTER_BLOCKS_SCRIPT, tmp_path / "cases.pt", tmp_path / "trace.json"],
+                   env=environment_importing_this_package(**settings), check=True, timeout=600)
+    most_blocks = 0
+    for (x, mask, dy), (y, dx, grids) in zip(cases, torch.load(tmp_path / "cases.pt")):
+        y_ref, dx_ref, _ = reference_forward_backward(x, mask, 0.3, False, "lower_right", dy)
+        assert_outputs_match(y, dx, y_ref, dx_ref, dy, x.dtype, 0.3)
+        assert grids, "no cluster kernel ran"
+        most_blocks = max([most_blocks] + [grid // rows for grid in grids.values()])
+    if portable:
+        assert most_blocks <= 8
+    elif torch.cuda.get_device_capability() == (9, 0):
+        assert most_blocks > 8, "these rows no longer take larger clusters: choose others"
+
 def test_first_call_of_a_process_compiled_with_fullgraph():
     """In a process of its own, so that no eager call has loaded the CUDA kernels first."""
     script = """

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
@@ -309,14 +311,29 @@ inline cudaLaunchConfig_t cluster_launch(cudaLaunchAttribute& cluster, int64_t b
   return config;
 }
 
+// The most blocks a cluster has on every device with clusters.
+constexpr int kPortableClusterBlocks = 8;
+
+// SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS=1: no cluster of more than kPortableClusterBlocks, as on a device that allows
+// no more. compute-sanitizer's synccheck (CUDA 13, sm_90) stops with an illegal address, reporting nothing, in any
+// kernel that initialises an mbarrier and runs in several clusters of more (benchmarks/NOTES.md, "synccheck").
+inline bool portable_clusters_only() {
+  static const bool only = [] {
+    const char* value = std::getenv("SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return only;
+}
+
 // Clusters of `blocks_per_row` blocks of `kernel` (of `threads` threads and `shared_bytes` of dynamic shared memory)
 // that the current device holds at once; 0 where the kernel has no sm_90 code or the device holds no such cluster.
 template <typename Params>
 int resident_clusters(void (*kernel)(Params, int), int blocks_per_row, int threads, int64_t shared_bytes) {
   return remembered(reinterpret_cast<const void*>(kernel), threads, blocks_per_row, shared_bytes, [&] {
     if (!runs_sm90_with(kernel, shared_bytes)) return 0;
-    if (blocks_per_row > 8 &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    if (blocks_per_row > kPortableClusterBlocks &&
+        (portable_clusters_only() ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
       // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
       (void)cudaGetLastError();
       return 0;
