@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Several builds compared on one GPU machine:
-#   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar; a .patch
+#   scripts/variants.sh pack main v8 ...    here: the sources of each git ref, to .variants/<ref>.tar (in place of
+#                                           every build packed before: a prebuilt one too); a .patch
 #                                           file (benchmarks/prepared/) is applied to HEAD, to .variants/<name>.tar,
 #                                           as are several joined by + (a.patch+b.patch), in turn, to <a>+<b>.tar
 #   scripts/variants.sh prebuild            here: compiles each packed build's libraries against the GPU machine's
