@@ -2,6 +2,8 @@
 # Everything that needs a GPU, in one call: build in place, the whole test suite (GPU tests included), check,
 # doctor, compute-sanitizer and the benchmark. Pick stages as arguments (default: all but sanitize and bench):
 #   scripts/gpu_suite.sh build tests check doctor sanitize bench fuzz unaligned learnable
+# prebuilt, in place of build: the libraries that `scripts/variants.sh prebuild` compiled elsewhere for the packed
+# build PREBUILT (default main; carry [".variants"]), unpacked into this tree where they were built against this torch.
 # unaligned: rows that start mid-vector (benchmarks/unaligned.py), and the same shapes against the peers.
 # learnable: forward+backward with a learnable fp32 bias against the peers (benchmarks/learnable_bias.py), at the
 # shapes LEARNABLE_SHAPES names (comma-separated), with the GPU's busy time a step beside the wall time (--kernels).
@@ -15,6 +17,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" NCCL_NVLS_ENABLE=0
+# The scripts of benchmarks/ import this tree's package, installed or not (Python puts a script's folder first).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 UNALIGNED_GRID="${UNALIGNED_GRID:-64x12x197x197,1024x4x49x49,8x32x1023x1023,8x20x1500x1500}"
 LEARNABLE_SHAPES="${LEARNABLE_SHAPES:-$UNALIGNED_GRID,8x32x1024x1024,2x16x1024x16384}"
 stages=("$@")
@@ -23,6 +27,12 @@ status=0
 for stage in "${stages[@]}"; do
   case "$stage" in
     build) python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 ;;
+    prebuilt) { tar -xJf ".variants/${PREBUILT:-main}.libs.tar.xz" &&
+                python3 -c 'import json, sys, torch
+built = json.load(open(sys.argv[1]))["torch_version"]
+sys.exit(f"built against torch {built}, this is {torch.__version__}: build instead" if built != torch.__version__
+         else print(f"prebuilt {sys.argv[2]} against torch {built}"))' \
+                  scaled_mask_softmax/_build_info.json "${PREBUILT:-main}"; } >"$OUT/prebuilt.log" 2>&1 ;;
     tests) python3 -m pytest -q -s -p no:cacheprovider --durations=25 >"$OUT/tests.log" 2>&1 ;;
     gpu-tests) python3 -m pytest -q -s -p no:cacheprovider --durations=25 -m gpu ${GPU_TESTS:-} \
                  ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} >"$OUT/gpu-tests.log" 2>&1 ;;
