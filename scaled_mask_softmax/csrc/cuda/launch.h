@@ -334,7 +334,7 @@ int resident_clusters(void (*kernel)(Params, int), int blocks_per_row, int threa
     if (blocks_per_row > kPortableClusterBlocks &&
         (portable_clusters_only() ||
          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-      // A device without clusters beyond the portable 8 (the H100 and H200 allow 16).
+      // A device without larger clusters (the H100 and H200 allow 16), or told to act as one.
       (void)cudaGetLastError();
       return 0;
     }
