@@ -8,7 +8,8 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade "$TORCH_SPEC" ninja numpy pytest hypothesis transformers==5.17.0
+.venv/bin/python -m pip install --quiet --upgrade "$TORCH_SPEC" ninja numpy pytest hypothesis matplotlib \
+  transformers==5.17.0
 if ! .venv/bin/python -m pip install --verbose --no-build-isolation --no-deps --editable . >.venv/build.log 2>&1; then
   tail -n 60 .venv/build.log
   exit 1
