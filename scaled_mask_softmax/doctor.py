@@ -506,13 +506,13 @@ def check_fast_math(build_info: Optional[dict], env) -> list:
     return findings
 
 
-
 def check_portable_clusters(env) -> list:
     if env.get("SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS") != "1":
         return []
     return [Finding("info", "SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS=1 is set: rows too long for one block are split "
                             "over clusters of at most 8 blocks, slower for some of them",
                     "unset SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS outside compute-sanitizer's synccheck")]
+
 
 def smoke_test(device: str) -> Finding:
     """The operator on a small input (bool key mask, causal, odd sizes) against the float64 reference."""

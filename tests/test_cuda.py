@@ -783,7 +783,6 @@ def test_bitwise_deterministic(cols):
     assert torch.equal(on_stream, first) and torch.equal(on_stream_dx, first_dx)
 
 
-
 CLUSTER_BLOCKS_SCRIPT = """
 import json, sys, torch
 import scaled_mask_softmax as sms
@@ -828,6 +827,7 @@ def test_clusters_held_to_the_portable_size(portable, tmp_path):
         assert most_blocks <= 8
     elif torch.cuda.get_device_capability() == (9, 0):
         assert most_blocks > 8, "these rows no longer take larger clusters: choose others"
+
 
 def test_first_call_of_a_process_compiled_with_fullgraph():
     """In a process of its own, so that no eager call has loaded the CUDA kernels first."""

@@ -405,12 +405,12 @@ def test_fast_math_from_the_build_record():
     assert statuses(doctor.check_fast_math(BUILD_INFO, {"SCALED_MASK_SOFTMAX_FAST_MATH": "1"})) == ["ok", "warn"]
 
 
-
 def test_portable_clusters_said_where_set():
     assert doctor.check_portable_clusters({}) == []
     [finding] = doctor.check_portable_clusters({"SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS": "1"})
     assert finding.status == "info" and "at most 8 blocks" in finding.message
     assert "unset SCALED_MASK_SOFTMAX_PORTABLE_CLUSTERS" in finding.fix
+
 
 def test_build_record_of_another_torch():
     assert statuses(doctor.check_build_info(BUILD_INFO, "2.14.1+cu130")) == ["info"]
