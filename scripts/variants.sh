@@ -54,9 +54,8 @@ build() {
 use_prebuilt() {
   local tree="/tmp/variants/$1" libs=".variants/$1.libs.tar.xz"
   [ -e "$libs" ] && tar -xJf "$libs" -C "$tree" || return 1
-  python3 -c 'import json, sys, torch; sys.exit(json.load(open(sys.argv[1]))["torch_version"] != torch.__version__)' \
-    "$tree/scaled_mask_softmax/_build_info.json" && return 0
-  echo "$1: prebuilt against another torch than $(python3 -c 'import torch; print(torch.__version__)'); building"
+  python3 scripts/built_for_this_torch.py "$tree/scaled_mask_softmax/_build_info.json" 2>&1 && return 0
+  echo "$1: building"
   rm -f "$tree"/scaled_mask_softmax/_C*.so "$tree/scaled_mask_softmax/_build_info.json"
   return 1
 }
