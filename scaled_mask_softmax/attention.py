@@ -3,12 +3,15 @@ import math
 
 import torch
 
-from .ops import X_DTYPES, scaled_mask_softmax
+from .ops import X_DTYPES, _not_dense, scaled_mask_softmax
 
 
 def _check_tensor(name, tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    problem = _not_dense(name, tensor)
+    if problem:
+        raise TypeError(problem)
     if tensor.dim() != 4:
         raise ValueError(f"{name} must be 4-D [B, H, S, D], got shape {tuple(tensor.shape)}")
 

@@ -37,6 +37,15 @@ def _check_arguments(x, mask, scale, is_causal, causal_variant):
     # Whether the mask broadcasts to x is left to the operator (csrc/binding.h), where it costs next to nothing.
 
 
+def _not_dense(name, tensor):
+    """What is wrong with a tensor whose layout the kernels do not read (sparse, nested, mkldnn); None if nothing."""
+    if tensor.is_nested:
+        return f"{name} must be a dense (strided) tensor, got a nested tensor (layout {tensor.layout})"
+    if tensor.layout != torch.strided:
+        return f"{name} must be a dense (strided) tensor, got layout {tensor.layout}"
+    return None
+
+
 def _type_name(value):
     """`int`, `numpy.bool`: a type outside the builtins named with its module, so that numpy.bool is not `bool`."""
     kind = type(value)
@@ -94,9 +103,17 @@ def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant
     _check_arguments(x, mask, scale, is_causal, causal_variant)
     if x.is_cuda:
         _build.ensure_cuda_kernels()
-    if forward_ad._current_level >= 0 or _transforms_active():
-        return TransformableSoftmax.apply(x, mask, float(scale), is_causal, causal_variant)
-    return _forward_op(x, mask, float(scale), is_causal, causal_variant)
+    try:
+        if forward_ad._current_level >= 0 or _transforms_active():
+            return TransformableSoftmax.apply(x, mask, float(scale), is_causal, causal_variant)
+        return _forward_op(x, mask, float(scale), is_causal, causal_variant)
+    except NotImplementedError:
+        # The dispatcher refuses sparse, nested and mkldnn tensors in words that name no argument. Looked at only
+        # then: checked up front, layouts would add to every call's host time.
+        problem = _not_dense("x", x) or (_not_dense("mask", mask) if mask is not None else None)
+        if problem is None:
+            raise
+        raise TypeError(problem) from None
 
 
 class ScaledMaskSoftmax(torch.nn.Module):

@@ -106,6 +106,10 @@ def test_attention_fully_masked_query_gives_zeros(device):
 @pytest.mark.parametrize("name, value, error, message", [
     ("q", torch.randn(4, 5, 8), ValueError, "q must be 4-D"),
     ("k", "keys", TypeError, "k must be a torch.Tensor"),
+    ("q", torch.nested.nested_tensor([torch.randn(4, 5, 8)] * 2, layout=torch.jagged), TypeError,
+     r"q must be a dense \(strided\) tensor, got a nested tensor"),
+    ("v", torch.randn(2, 2, 6, 8).to_sparse(), TypeError, r"v must be a dense \(strided\) tensor, got layout"),
+    ("mask", torch.zeros(6).to_sparse(), TypeError, r"mask must be a dense \(strided\) tensor, got layout"),
     ("q", torch.ones(2, 4, 5, 8, dtype=torch.int64), TypeError, "q must be float16"),
     ("k", torch.randn(2, 2, 6, 8, dtype=torch.float64), TypeError, "k must have q's dtype"),
     ("k", torch.randn(2, 2, 6, 4), ValueError, r"k must be \[B=2, H_kv, Sk, D=8\]"),
