@@ -61,6 +61,13 @@ def test_mask_on_another_device():
         sms.scaled_mask_softmax(X.cuda(), torch.zeros(5))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sparse_x_on_the_gpu():
+    with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
+        sms.scaled_mask_softmax(X.cuda().to_sparse())
+
+
 def test_direct_operator_calls_are_checked_too():
     with pytest.raises(RuntimeError, match="causal_variant must be 'upper_left' or 'lower_right'"):
         torch.ops.scaled_mask_softmax.forward(X, None, 1.0, True, "diagonal")
