@@ -93,7 +93,7 @@ def _functionalized():
 def scaled_mask_softmax(x, mask=None, scale=1.0, is_causal=False, causal_variant="upper_left"):
     """`softmax(x * scale + mask)` over the last dim, in one fused kernel.
 
-    x: `[..., Sq, Sk]` float16, bfloat16, float32 or float64, any strides.
+    x: `[..., Sq, Sk]` float16, bfloat16, float32 or float64, dense (not sparse or nested), any strides.
     mask: None; bool (True = attend, as in F.scaled_dot_product_attention); or floating, added to the scores
         (-inf masks). It must broadcast to x and is read through its strides, never expanded in memory.
     scale: multiplies x before the mask is added; scores are formed in fp32 (fp64 for fp64).
